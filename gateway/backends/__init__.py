@@ -1,0 +1,1 @@
+"""Upstream backends: replica bookkeeping and the SSE relay."""

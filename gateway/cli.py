@@ -1,0 +1,123 @@
+"""`gateway serve | up | emulate | policy check`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+DEFAULT_ROUTES = "routes/emulator.yaml"
+DEFAULT_POLICIES = "policies/default.yaml"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        _parser().print_help()
+        return 2
+    result: int = handler(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description="Latency-aware routing gateway for LLM inference")
+    commands = parser.add_subparsers()
+
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible API in front of the routes' backends")
+    _add_config_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--log-file", type=Path, help="append request log lines here instead of stdout")
+    serve.set_defaults(handler=_serve)
+
+    up = commands.add_parser("up", help="start the routes' local backends, then the gateway (what `make run` runs)")
+    _add_config_args(up)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8080)
+    up.add_argument("--log-file", type=Path)
+    up.set_defaults(handler=_up)
+
+    emulate = commands.add_parser("emulate", help="run an OpenAI-compatible backend emulator")
+    emulate.add_argument("--host", default="127.0.0.1")
+    emulate.add_argument("--port", type=int, required=True)
+    emulate.add_argument("--profile", default="int4")
+    emulate.add_argument("--seed", type=int, default=0)
+    emulate.set_defaults(handler=_emulate)
+
+    policy = commands.add_parser("policy", help="policy file tools").add_subparsers()
+    check = policy.add_parser("check", help="validate routes and policy files (exit 1 if any is invalid)")
+    check.add_argument("paths", nargs="+", type=Path)
+    check.set_defaults(handler=_policy_check)
+    return parser
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--routes", type=Path, default=Path(DEFAULT_ROUTES))
+    parser.add_argument("--policies", type=Path, default=Path(DEFAULT_POLICIES))
+
+
+def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from gateway.config import ConfigError, load_config
+
+    try:
+        return load_config(args.routes, args.policies)
+    except ConfigError as err:
+        for issue in err.issues:
+            print(issue, file=sys.stderr)
+        return None
+
+
+def _log_stream(path: Path | None) -> BinaryIO | None:
+    from gateway.accounting.log import configure_logging
+
+    stream = path.open("ab") if path else None
+    configure_logging(stream)
+    return stream
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway import server
+    from gateway.app import create_app
+
+    config = _load(args)
+    if config is None:
+        return 1
+    _log_stream(args.log_file)
+    print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
+    server.run(server.serve_until_signal(create_app(config), args.host, args.port))
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from gateway.local.up import up
+
+    config = _load(args)
+    if config is None:
+        return 1
+    _log_stream(args.log_file)
+    return up(config, args.host, args.port)
+
+
+def _emulate(args: argparse.Namespace) -> int:
+    from gateway import server
+    from gateway.emulator.server import run_emulator
+
+    server.run(run_emulator(args.host, args.port, args.profile, args.seed))
+    return 0
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from gateway.config import check_file
+
+    bad = 0
+    for path in args.paths:
+        issues = check_file(path)
+        for issue in issues:
+            print(issue)
+        bad += bool(issues)
+        if not issues:
+            print(f"{path}: ok")
+    return 1 if bad else 0

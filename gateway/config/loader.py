@@ -1,0 +1,108 @@
+"""Load YAML config files into frozen objects; every problem names file, line, field and value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gateway.config.policies import PolicyConfig
+from gateway.config.routes import RoutesConfig
+
+Model = TypeVar("Model", bound=BaseModel)
+Loc = tuple[int | str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    file: str
+    line: int | None
+    field: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.field}: {self.reason} (got {self.value})"
+
+
+class ConfigError(Exception):
+    """A config file was refused; `issues` says where and why."""
+
+    def __init__(self, issues: list[ConfigIssue]) -> None:
+        super().__init__("\n".join(str(i) for i in issues))
+        self.issues = tuple(issues)
+
+
+def load_routes(path: str | Path) -> RoutesConfig:
+    return _load(RoutesConfig, Path(path))
+
+
+def load_policy(path: str | Path) -> PolicyConfig:
+    return _load(PolicyConfig, Path(path))
+
+
+def check_file(path: str | Path) -> list[ConfigIssue]:
+    """Validate one routes or policy file (told apart by a top-level `tiers` key)."""
+    file = Path(path)
+    try:
+        data, _ = _read(file)
+        model: type[BaseModel] = RoutesConfig if isinstance(data, dict) and "tiers" in data else PolicyConfig
+        _load(model, file)
+    except ConfigError as err:
+        return list(err.issues)
+    return []
+
+
+def _load(model: type[Model], file: Path) -> Model:
+    data, node = _read(file)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError([_issue(file, node, e) for e in err.errors()]) from None
+
+
+def _read(file: Path) -> tuple[Any, yaml.Node | None]:
+    try:
+        text = file.read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except OSError as err:
+        raise ConfigError([ConfigIssue(str(file), None, "(file)", str(file), err.strerror or str(err))]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([ConfigIssue(str(file), None, "(file)", "bytes", "not UTF-8 text")]) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        reason = f"invalid YAML: {getattr(err, 'problem', None) or err}"
+        raise ConfigError([ConfigIssue(str(file), line, "(document)", "-", reason)]) from None
+    return data, node
+
+
+def _issue(file: Path, node: yaml.Node | None, error: Any) -> ConfigIssue:
+    loc: Loc = tuple(error["loc"])
+    field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "(document)"
+    value = error.get("input")
+    shown = "nothing" if error["type"] == "missing" else repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ConfigIssue(str(file), _line_of(node, loc), field, shown, error["msg"])
+
+
+def _line_of(node: yaml.Node | None, loc: Loc) -> int | None:
+    """The 1-based line of the YAML node at `loc`, or of its closest existing parent."""
+    if node is None:
+        return None
+    for part in loc:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            child = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+        if child is None:
+            break
+        node = child
+    return node.start_mark.line + 1

@@ -1,0 +1,46 @@
+"""Policy files: tenants, API keys (as SHA-256 hashes) and max_tokens limits."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config.routes import Frozen
+
+
+class MaxTokens(Frozen):
+    """`default` fills a request without max_tokens; above `maximum` a request is clamped."""
+
+    default: int = Field(ge=1)
+    maximum: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _default_within_maximum(self) -> MaxTokens:
+        if self.default > self.maximum:
+            raise ValueError(f"default ({self.default}) must not exceed maximum ({self.maximum})")
+        return self
+
+
+class Tenant(Frozen):
+    name: str = Field(min_length=1)
+    api_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the API key")
+    max_tokens: MaxTokens | None = None
+
+
+class PolicyConfig(Frozen):
+    default_tier: str = Field(min_length=1, description="tier that model 'auto' routes to")
+    max_tokens: MaxTokens
+    allow_anonymous: bool = Field(
+        default=False, description="requests without an API key run as tenant 'anonymous'"
+    )
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    tenants: tuple[Tenant, ...] = ()
+
+    @field_validator("tenants")
+    @classmethod
+    def _unique_tenants(cls, tenants: tuple[Tenant, ...]) -> tuple[Tenant, ...]:
+        seen: set[str] = set()
+        for tenant in tenants:
+            if tenant.name in seen or tenant.api_key_sha256 in seen:
+                raise ValueError(f"tenant {tenant.name!r} repeats a name or an API key")
+            seen.update((tenant.name, tenant.api_key_sha256))
+        return tenants

@@ -1,0 +1,93 @@
+"""Routes files: the tiers of the model portfolio and the replicas that serve each one."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Precision = Literal["int4", "int8", "fp8", "fp16", "bf16", "fp32"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Prices(Frozen):
+    """USD per million tokens."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+
+
+class EmulatorLaunch(Frozen):
+    """`gateway up` starts `gateway emulate` for this replica on the port of its URL."""
+
+    kind: Literal["emulator"]
+    profile: str
+    seed: int = 0
+
+
+class Replica(Frozen):
+    name: str = Field(min_length=1)
+    url: str
+    model: str = Field(min_length=1, description="model name the upstream server expects")
+    launch: EmulatorLaunch | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL with a host, like http://127.0.0.1:9101/v1")
+        return value.rstrip("/")
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class Tier(Frozen):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    precision: Precision
+    context_window: int = Field(gt=0)
+    prices: Prices
+    replicas: tuple[Replica, ...] = Field(min_length=1)
+    tokenizer: str | None = Field(
+        default=None, description="tokenizer.json used to count tokens when the backend reports no usage"
+    )
+
+
+class Upstream(Frozen):
+    """How the gateway talks to replicas; `read_timeout_s` bounds the wait for the first byte and each gap."""
+
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    read_timeout_s: float = Field(default=120.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1, le=10)
+
+
+class RoutesConfig(Frozen):
+    tiers: tuple[Tier, ...] = Field(min_length=1)
+    upstream: Upstream = Upstream()
+
+    @field_validator("tiers")
+    @classmethod
+    def _unique_names(cls, tiers: tuple[Tier, ...]) -> tuple[Tier, ...]:
+        _require_unique("tier", [t.name for t in tiers])
+        _require_unique("replica", [r.name for t in tiers for r in t.replicas])
+        if "auto" in {t.name for t in tiers}:
+            raise ValueError("tier name 'auto' is reserved for classifier routing")
+        return tiers
+
+    def tier(self, name: str) -> Tier | None:
+        return next((t for t in self.tiers if t.name == name), None)
+
+
+def _require_unique(kind: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"duplicate {kind} name {name!r}")
+        seen.add(name)

@@ -1,0 +1,234 @@
+"""The emulated inference engine: continuous batching, KV accounting, prefix cache.
+
+One asyncio task runs the scheduler. Each step it (1) preempts the newest sequences if
+the KV cache cannot hold one more token for every running sequence (vLLM recompute
+preemption), (2) admits waiting sequences FIFO while `max_running`, KV capacity and the
+per-step prefill budget allow, (3) sleeps prefill + decode time (see `physics.py`), then
+(4) gives every running sequence one token. `step()` and `emit()` are plain methods, so
+tests and what-if simulations can drive the engine on its model clock without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from . import physics, tokens
+from .faults import FaultConfig, FaultInjector
+from .prefix_cache import PrefixCache
+from .profiles import Profile
+from .sequence import Sequence, SeqState
+from .stats import EngineStats, RequestRecord, Status
+
+MAX_LAG_S = 0.05  # how far the real-time scheduler may run behind before it stops catching up
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (too long, empty); the handler answers 400."""
+
+
+class Engine:
+    """State of one emulated replica; see the module docstring for the step."""
+
+    def __init__(self, profile: Profile, seed: int = 0, faults: FaultConfig | None = None) -> None:
+        self.profile = profile
+        self.seed = seed
+        self.faults = FaultInjector(seed, faults)
+        self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.block_size)
+        self.stats = EngineStats()
+        self.clock = 0.0  # model seconds (synced to the event-loop clock when running live)
+        self.kv_used = 0  # tokens held by running sequences
+        self._running: dict[int, Sequence] = {}
+        self._waiting: deque[Sequence] = deque()
+        self._n_waiting = 0
+        self._next_id = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._offset: float | None = None  # loop.time() - clock, while running live
+
+    def now(self) -> float:
+        """The engine clock; follows the event-loop clock while the scheduler runs live."""
+        if self._offset is None:
+            return self.clock
+        return max(self.clock, asyncio.get_running_loop().time() - self._offset)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self._n_waiting
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used / self.profile.kv_capacity_tokens
+
+    # -- request side ------------------------------------------------------------------
+    def create(
+        self, prompt: Seq[str | int], prompt_hash: int, max_tokens: int | None, *,
+        ignore_eos: bool = False, min_tokens: int = 0, request_seed: int | None = None,
+    ) -> Sequence:
+        """Validate a request and fix its output; raises RequestError."""
+        p = self.profile
+        n_prompt = len(prompt)
+        limit = p.max_model_len
+        if n_prompt == 0:
+            raise RequestError("prompt is empty")
+        if max_tokens is None:
+            max_tokens = max(1, min(p.default_max_tokens, limit - n_prompt))
+        if n_prompt + max_tokens > limit:
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the "
+                "completion). Please reduce the length of the messages or completion."
+            )
+        rng = tokens.output_rng(self.seed, prompt_hash, request_seed)
+        n_out = physics.draw_output_len(p, rng, max_tokens, ignore_eos, min(min_tokens, max_tokens))
+        seq = Sequence(self._next_id, n_prompt, tokens.block_hashes(prompt, p.block_size),
+                       tokens.draw_tokens(rng, n_out), max_tokens)
+        self._next_id += 1
+        return seq
+
+    def enqueue(self, seq: Sequence) -> None:
+        """Put a created sequence at the back of the waiting queue."""
+        seq.state = SeqState.WAITING
+        seq.arrival = self.now()
+        self._waiting.append(seq)
+        self._n_waiting += 1
+        self._wake.set()
+
+    def release(self, seq: Sequence, status: Status, sent_tokens: int) -> RequestRecord:
+        """Remove a sequence for good (frees its KV at once) and record it."""
+        if seq.state is SeqState.RUNNING:
+            del self._running[seq.id]
+            self.kv_used -= seq.context_tokens
+        elif seq.state is SeqState.WAITING:
+            self._n_waiting -= 1  # the deque entry is skipped lazily
+        if seq.state is not SeqState.FINISHED:
+            seq.state = SeqState.ABORTED
+            seq.finished_at = self.clock
+        first, arr = seq.first_token_at, seq.arrival
+        rec = RequestRecord(
+            seq.id, status, seq.prompt_tokens, seq.cached_tokens, seq.generated, sent_tokens,
+            seq.finish_reason if seq.state is SeqState.FINISHED else None, seq.preemptions,
+            None if first is None else first - arr,
+            None if seq.finished_at is None or first is None else seq.finished_at - arr,
+        )
+        self.stats.add(rec)
+        seq.notify()
+        return rec
+
+    def record_rejection(self, prompt_tokens: int) -> None:
+        """Count a request refused by an injected 500/429 fault."""
+        self.stats.add(RequestRecord(-1, "fault", prompt_tokens, 0, 0, 0, None, 0, None, None))
+
+    # -- scheduler ---------------------------------------------------------------------
+    def step(self) -> float:
+        """Preempt, admit and return the model duration of this step (no tokens yet)."""
+        p, running, waiting = self.profile, self._running, self._waiting
+        while len(running) > 1 and self.kv_used + len(running) > p.kv_capacity_tokens:
+            self._preempt(running[next(reversed(running))])
+        prefill = 0
+        while waiting and len(running) < p.max_running:
+            seq = waiting[0]
+            if seq.state is not SeqState.WAITING:
+                waiting.popleft()
+                continue
+            if self.kv_used + len(running) + seq.context_tokens + 1 > p.kv_capacity_tokens:
+                break
+            if not seq.admitted_once:
+                seq.cached_tokens = self.prefix_cache.lookup(seq.block_hashes, seq.prompt_tokens)
+            compute = seq.context_tokens - seq.cached_tokens
+            if prefill and prefill + compute > p.max_batched_tokens:
+                break
+            waiting.popleft()
+            self._n_waiting -= 1
+            self._admit(seq)
+            prefill += compute
+        self.stats.steps += 1
+        return physics.prefill_s(p, prefill) + physics.decode_s(p, len(running), self.kv_used)
+
+    def emit(self) -> None:
+        """Give every running sequence its next token; finish those that are complete."""
+        clock, running = self.clock, self._running
+        finished: list[Sequence] = []
+        for seq in running.values():
+            seq.generated += 1
+            if seq.first_token_at is None:
+                seq.first_token_at = clock
+            if seq.generated >= seq.n_out:
+                finished.append(seq)
+            seq.notify()
+        self.kv_used += len(running)
+        self.stats.generation_tokens += len(running)
+        for seq in finished:
+            del running[seq.id]
+            self.kv_used -= seq.context_tokens
+            seq.state = SeqState.FINISHED
+            seq.finished_at = clock
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.state = SeqState.RUNNING
+        self._running[seq.id] = seq
+        self.kv_used += seq.context_tokens
+        if not seq.admitted_once:
+            seq.admitted_once = True
+            self.stats.prompt_tokens += seq.prompt_tokens
+            self.prefix_cache.insert(seq.block_hashes)
+
+    def _preempt(self, seq: Sequence) -> None:
+        del self._running[seq.id]
+        self.kv_used -= seq.context_tokens
+        seq.state = SeqState.WAITING
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self._waiting.appendleft(seq)
+        self._n_waiting += 1
+
+    async def run(self) -> None:
+        """The real-time scheduler loop: step, sleep the step's duration, emit."""
+        loop = asyncio.get_running_loop()
+        offset = self._offset = loop.time() - self.clock
+        deadline = loop.time()
+        while True:
+            if not self._running and not self._n_waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = loop.time()
+                self.clock = max(self.clock, deadline - offset)
+            dt = self.step()
+            self.clock += dt
+            now = loop.time()
+            deadline = max(deadline + dt, now - MAX_LAG_S)
+            await asyncio.sleep(max(deadline - now, 0.0))
+            self.clock = max(self.clock, loop.time() - offset)
+            self.emit()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="emulator-engine")
+
+    async def stop(self) -> None:
+        task, self._task, self._offset = self._task, None, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    def snapshot(self, records: int | None = None) -> dict[str, Any]:
+        """JSON-ready stats: counters, live state, prefix cache, faults and records."""
+        return {
+            **self.stats.counters(),
+            "running": self.num_running, "waiting": self.num_waiting,
+            "kv_used_tokens": self.kv_used, "kv_capacity_tokens": self.profile.kv_capacity_tokens,
+            "prefix_cache_queries": self.prefix_cache.queries,
+            "prefix_cache_hits": self.prefix_cache.hits,
+            "profile": self.profile.name, "seed": self.seed,
+            "faults": self.faults.config.to_dict(), "faults_injected": dict(self.faults.injected),
+            "records": self.stats.record_dicts(records),
+        }

@@ -1,0 +1,112 @@
+"""Validate an OpenAI chat/completions body into a `GenRequest` (once, at the edge)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from .tokens import stable_hash, tokenize
+
+Kind = Literal["chat", "completion"]
+
+
+class BadRequest(ValueError):
+    """An invalid request body; answered with HTTP 400 and an OpenAI error."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(slots=True)
+class GenRequest:
+    """What the emulator needs from a request."""
+
+    kind: Kind
+    model: str
+    stream: bool
+    include_usage: bool
+    prompt: list[str] | list[int]  # prompt tokens (regex pieces or given token ids)
+    prompt_hash: int
+    max_tokens: int | None
+    ignore_eos: bool
+    min_tokens: int
+    seed: int | None
+
+
+def render_chat(messages: Any) -> str:
+    """Flatten chat messages with a Llama-3-like template (its tags count as tokens)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    parts: list[str] = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest("each message must be an object with a string role", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise BadRequest("message content must be a string or an array of parts", "messages")
+        parts.append(f"<|{m['role']}|>\n{content}\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def _prompt_tokens(prompt: Any) -> tuple[list[str] | list[int], int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return tokenize(prompt), stable_hash(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt), stable_hash(prompt)
+    raise BadRequest("prompt must be a string or an array of token ids (batches are not supported)", "prompt")
+
+
+def _opt_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise BadRequest(f"{name} must be an integer >= {minimum}", name)
+    return v
+
+
+def parse_body(raw: bytes, kind: Kind) -> GenRequest:
+    """Parse and validate; raises BadRequest."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model must be a non-empty string", "model")
+    if kind == "chat":
+        text = render_chat(body.get("messages"))
+        prompt: list[str] | list[int] = tokenize(text)
+        phash = stable_hash(text)
+        max_tokens = _opt_int(body, "max_completion_tokens", 1)
+        if max_tokens is None:
+            max_tokens = _opt_int(body, "max_tokens", 1)
+    else:
+        prompt, phash = _prompt_tokens(body.get("prompt"))
+        max_tokens = _opt_int(body, "max_tokens", 1)
+    if (_opt_int(body, "n", 1) or 1) != 1:
+        raise BadRequest("the emulator supports n=1 only", "n")
+    opts = body.get("stream_options")
+    stream = body.get("stream") is True
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise BadRequest("seed must be an integer", "seed")
+    return GenRequest(
+        kind=kind, model=model, stream=stream,
+        include_usage=stream and isinstance(opts, dict) and opts.get("include_usage") is True,
+        prompt=prompt, prompt_hash=phash, max_tokens=max_tokens,
+        ignore_eos=body.get("ignore_eos") is True, min_tokens=_opt_int(body, "min_tokens", 0) or 0,
+        seed=seed,
+    )

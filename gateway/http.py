@@ -1,0 +1,156 @@
+"""The HTTP edge: the only code that sees aiohttp's web.Request. Turns requests into contexts,
+replies into responses, and GatewayError into the OpenAI error JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import orjson
+import structlog
+from aiohttp import web
+
+from gateway.app import GATEWAY, Gateway
+from gateway.context import RequestContext
+from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UpstreamError, error_body
+from gateway.pipeline import run_stages
+from gateway.stages.route import AUTO
+from gateway.types import CLIENT_CLOSED_STATUS, Endpoint, StreamReply
+
+JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+POST_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+log = structlog.get_logger("gateway.http")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/{tail:.*}", not_found)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await serve(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await serve(request, "completions")
+
+
+async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    ctx = RequestContext(
+        os.urandom(12).hex(), endpoint, gateway.config, b"", _bearer(request), time.perf_counter(), time.time()
+    )
+    gateway.metrics.in_flight.inc()
+    reply = None
+    try:
+        ctx.raw_body = await _read_body(request, ctx.config.policy.max_body_bytes)
+        reply = await run_stages(gateway.stages, ctx)
+        if isinstance(reply, StreamReply):
+            return await _stream(request, ctx, reply)
+        ctx.status = reply.status
+        return web.Response(body=reply.body, status=reply.status, headers=_headers(ctx), content_type=JSON)
+    except GatewayError as err:
+        return _error(ctx, err, "upstream_error" if isinstance(err, UpstreamError) else "rejected")
+    except ConnectionResetError:
+        ctx.status, ctx.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
+        return web.Response(status=CLIENT_CLOSED_STATUS)
+    except asyncio.CancelledError:
+        ctx.status, ctx.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
+        raise
+    except Exception:
+        log.exception("internal_error", request_id=ctx.request_id)
+        return _error(ctx, GatewayError(f"internal error (request {ctx.request_id})"), "internal_error")
+    finally:
+        if isinstance(reply, StreamReply):
+            reply.source.close()
+        gateway.metrics.in_flight.dec()
+        gateway.accountant.settle(ctx)
+
+
+async def _stream(request: web.Request, ctx: RequestContext, reply: StreamReply) -> web.StreamResponse:
+    response = web.StreamResponse(headers=_headers(ctx, SSE_HEADERS))
+    ctx.status = 200
+    await response.prepare(request)
+    async for chunk in reply.source.chunks():
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"the request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raw = b"x" * (limit + 1)
+    if len(raw) > limit:
+        raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+    return raw
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> dict[str, str]:
+    headers = {"x-request-id": ctx.request_id}
+    if ctx.tier is not None:
+        headers["x-gateway-tier"] = ctx.tier.name
+    if ctx.replica is not None:
+        headers["x-gateway-backend"] = ctx.replica.name
+    if extra:
+        headers.update(extra)
+    return headers
+
+
+def _error(ctx: RequestContext, err: GatewayError, outcome: str) -> web.Response:
+    ctx.status = err.status
+    ctx.outcome = outcome  # type: ignore[assignment]
+    ctx.error = ctx.error or err.code or err.type
+    headers = _headers(ctx, err.headers())
+    return web.Response(body=error_body(err), status=err.status, headers=headers, content_type=JSON)
+
+
+async def models(request: web.Request) -> web.Response:
+    gateway: Gateway = request.app[GATEWAY]
+    created = int(gateway.config.loaded_at)
+    names = [AUTO, *gateway.config.tiers]
+    data = [{"id": n, "object": "model", "created": created, "owned_by": "gateway"} for n in names]
+    return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=JSON)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(body=b'{"status":"ok"}', content_type=JSON)
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    ready = bool(gateway.stages)
+    body = {"status": "ready" if ready else "starting", "config_version": gateway.config.version,
+            "tiers": list(gateway.config.tiers)}
+    return web.Response(body=orjson.dumps(body), status=200 if ready else 503, content_type=JSON)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def not_found(request: web.Request) -> web.Response:
+    err: GatewayError
+    if request.path in POST_PATHS:
+        err = MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use POST")
+    else:
+        err = NotFound(f"no route for {request.method} {request.path}")
+    return web.Response(body=error_body(err), status=err.status, content_type=JSON)

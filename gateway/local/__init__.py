@@ -1,0 +1,1 @@
+"""Launchers for the embedded defaults: local backends started as child processes."""

@@ -1,0 +1,75 @@
+"""Child processes for local backends: start, wait until healthy, stop (no orphans)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.config import Replica, RoutesConfig
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    health_url: str
+
+
+def launch_command(replica: Replica) -> list[str]:
+    """The command that serves `replica` locally, from its `launch` block."""
+    launch = replica.launch
+    if launch is None:
+        raise ValueError(f"replica {replica.name} has no launch block")
+    return [sys.executable, "-m", "gateway", "emulate", "--host", "127.0.0.1", "--port", str(replica.port),
+            "--profile", launch.profile, "--seed", str(launch.seed)]
+
+
+def start_children(routes: RoutesConfig) -> list[Child]:
+    children = []
+    for tier in routes.tiers:
+        for replica in tier.replicas:
+            if replica.launch is None:
+                continue
+            process = subprocess.Popen(launch_command(replica), start_new_session=True)
+            base = replica.url.removesuffix("/v1")
+            children.append(Child(replica.name, process, f"{base}/health"))
+    return children
+
+
+async def wait_healthy(children: list[Child], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        for child in children:
+            while True:
+                if child.process.poll() is not None:
+                    raise RuntimeError(f"backend {child.name} exited with code {child.process.returncode}")
+                try:
+                    async with session.get(child.health_url) as response:
+                        if response.status == 200:
+                            break
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"backend {child.name} was not healthy after {timeout_s:.0f} s")
+                await asyncio.sleep(0.2)
+
+
+def stop_children(children: list[Child], grace_s: float = 10.0) -> None:
+    """SIGTERM each child's process group, then SIGKILL what is left after `grace_s`."""
+    for child in children:
+        if child.process.poll() is None:
+            os.killpg(child.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.process.pid, signal.SIGKILL)
+            child.process.wait()

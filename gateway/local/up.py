@@ -1,0 +1,44 @@
+"""`gateway up`: local backends as children, then the gateway; Ctrl-C or SIGTERM stops all of it."""
+
+from __future__ import annotations
+
+import sys
+
+from gateway import server
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.local.children import start_children, stop_children, wait_healthy
+
+EXAMPLE = """
+Ready. Try it:
+
+  curl -s http://{host}:{port}/v1/chat/completions -H 'Authorization: Bearer sk-demo' \\
+       -H 'Content-Type: application/json' \\
+       -d '{{"model": "auto", "messages": [{{"role": "user", "content": "Say hello"}}], "max_tokens": 32}}'
+
+  python -c "from openai import OpenAI; c = OpenAI(base_url='http://{host}:{port}/v1', api_key='sk-demo'); \\
+print(c.chat.completions.create(model='auto', messages=[{{'role': 'user', 'content': 'Say hello'}}], \\
+max_tokens=32).choices[0].message.content)"
+
+Models: {models}. Request log lines go to {log}. Ctrl-C stops everything.
+"""
+
+
+def up(config: GatewayConfig, host: str, port: int, log_target: str = "stdout") -> int:
+    children = start_children(config.routes)
+    try:
+        server.run(_serve(config, host, port, children, log_target))
+    except RuntimeError as err:
+        print(f"gateway up failed: {err}", file=sys.stderr)
+        return 1
+    finally:
+        stop_children(children)
+    return 0
+
+
+async def _serve(config: GatewayConfig, host: str, port: int, children: list, log_target: str) -> None:  # type: ignore[type-arg]
+    print(f"starting {len(children)} local backend(s)...", file=sys.stderr)
+    await wait_healthy(children)
+    models = ", ".join(["auto", *config.tiers])
+    print(EXAMPLE.format(host=host, port=port, models=models, log=log_target), file=sys.stderr)
+    await server.serve_until_signal(create_app(config), host, port)

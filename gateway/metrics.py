@@ -1,0 +1,50 @@
+"""Prometheus metrics of one gateway app (its own registry: no process-global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("tier", "status")
+        self.requests = Counter(
+            "gateway_requests", "Requests that reached the gateway", labels, registry=self.registry
+        )
+        self.ttft = Histogram(
+            "gateway_ttft_seconds", "Time to first token", labels, buckets=LATENCY_BUCKETS, registry=self.registry
+        )
+        self.tpot = Histogram(
+            "gateway_tpot_seconds", "Time per output token after the first", labels,
+            buckets=TPOT_BUCKETS, registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "gateway_e2e_seconds", "Request latency end to end", labels, buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served", registry=self.registry)
+        self.upstream_failures = Counter(
+            "gateway_upstream_failures", "Replica attempts that failed before the first byte", ("backend",),
+            registry=self.registry,
+        )
+        self.cost = Counter("gateway_cost_usd", "Cost of served requests in USD", ("tier",), registry=self.registry)
+
+    def observe(
+        self, tier: str, status: int, e2e_s: float, ttft_s: float | None, tpot_s: float | None, cost: float
+    ) -> None:
+        key = (tier, str(status))
+        self.requests.labels(*key).inc()
+        self.e2e.labels(*key).observe(e2e_s)
+        if ttft_s is not None:
+            self.ttft.labels(*key).observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot.labels(*key).observe(tpot_s)
+        if cost:
+            self.cost.labels(tier).inc(cost)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

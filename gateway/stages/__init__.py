@@ -1,0 +1,1 @@
+"""The request path's stages, in order: parse, policy, route, proxy; accounting runs at the edge."""

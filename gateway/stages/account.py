@@ -1,0 +1,75 @@
+"""Account: settle the token counts, price the request, and write its one log line and metrics.
+
+Runs for every request that reached the gateway, in the edge's `finally`, whatever happened.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import structlog
+
+from gateway.accounting.cost import cost_usd
+from gateway.context import RequestContext
+from gateway.metrics import GatewayMetrics
+from gateway.tokens import TokenCounters
+
+log = structlog.get_logger("gateway.requests")
+
+
+class Accountant:
+    def __init__(self, counters: TokenCounters, metrics: GatewayMetrics) -> None:
+        self._counters = counters
+        self._metrics = metrics
+
+    def settle(self, ctx: RequestContext) -> None:
+        ctx.finished_at = now = time.perf_counter()
+        self._count_tokens(ctx)
+        prompt, completion = ctx.prompt_tokens or 0, ctx.completion_tokens or 0
+        cost = cost_usd(ctx.tier.prices, prompt, completion) if ctx.tier and ctx.upstream_started else 0.0
+        e2e_s = now - ctx.started
+        ttft_s = ctx.first_token_at - ctx.started if ctx.first_token_at is not None else None
+        tpot_s = None
+        if ctx.stream and ctx.first_token_at is not None and completion > 1:
+            tpot_s = (now - ctx.first_token_at) / (completion - 1)
+        tier = ctx.tier.name if ctx.tier else None
+        log.info(
+            "request",
+            request_id=ctx.request_id,
+            ts=datetime.fromtimestamp(ctx.ts, UTC).isoformat(timespec="milliseconds"),
+            tenant=ctx.tenant_name,
+            model_requested=ctx.model_requested,
+            tier=tier,
+            backend=ctx.replica.name if ctx.replica else None,
+            status=ctx.status,
+            outcome=ctx.outcome,
+            error=ctx.error,
+            stream=ctx.stream,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            usage_source=ctx.usage_source,
+            ttft_ms=_ms(ttft_s),
+            tpot_ms=_ms(tpot_s),
+            e2e_ms=_ms(e2e_s),
+            queue_ms=round(ctx.queue_ms, 3),
+            attempts=ctx.attempts,
+            finish_reason=ctx.finish_reason,
+            cost_usd=cost,
+        )
+        self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
+
+    def _count_tokens(self, ctx: RequestContext) -> None:
+        """Fill in counts the backend did not report: output chunks (streams) or a tokenizer."""
+        if ctx.usage_source == "backend" or not ctx.upstream_started or ctx.tier is None:
+            return
+        counter = self._counters.for_path(ctx.tier.tokenizer)
+        ctx.prompt_tokens = counter.count(ctx.prompt_text())
+        ctx.completion_tokens = (
+            ctx.output_chunks if ctx.response_text is None else counter.count(ctx.response_text)
+        )
+        ctx.usage_source = "counted"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)

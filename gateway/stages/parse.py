@@ -1,0 +1,143 @@
+"""Parse: decode and validate the OpenAI request body once, naming the field at fault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.context import RequestContext
+from gateway.errors import InvalidRequest
+from gateway.types import Reply
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+MAX_TOKENS_CEILING = 1 << 20  # beyond any context window we could route to
+MAX_MESSAGES = 2048
+
+NUMBER_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+
+
+class ParseStage:
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
+        body = _decode(ctx.raw_body)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+        if ctx.endpoint == "chat":
+            _check_messages(body.get("messages"))
+        else:
+            _check_prompt(body.get("prompt"))
+        ctx.stream = _optional(body, "stream", bool) or False
+        ctx.client_wants_usage = _stream_usage(body, ctx.stream)
+        ctx.max_tokens = _max_tokens(body)
+        _check_sampling(body)
+        ctx.body = body
+        ctx.model_requested = model
+        return None
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise InvalidRequest("the request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise InvalidRequest(f"the request body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def _optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise InvalidRequest(f"'{name}' must be of type {names}, got {type(value).__name__}", param=name)
+    return value
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' is required and must be a non-empty array", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidRequest(f"'messages' holds more than {MAX_MESSAGES} messages", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(
+                f"'messages[{i}].role' must be one of {', '.join(sorted(ROLES))}, got {role!r}",
+                param=f"messages[{i}].role",
+            )
+        content = message.get("content")
+        if not (isinstance(content, (str, list)) or (content is None and role == "assistant")):
+            raise InvalidRequest(
+                f"'messages[{i}].content' must be a string or an array of content parts",
+                param=f"messages[{i}].content",
+            )
+
+
+def _check_prompt(prompt: Any) -> None:
+    ok = isinstance(prompt, str) or (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and (
+            all(isinstance(p, str) for p in prompt)
+            or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+            or all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt)
+        )
+    )
+    if not ok:
+        raise InvalidRequest(
+            "'prompt' is required: a string, an array of strings, or an array of token ids", param="prompt"
+        )
+
+
+def _stream_usage(body: dict[str, Any], stream: bool) -> bool:
+    options = _optional(body, "stream_options", dict)
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise InvalidRequest("'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
+    return include
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    found: int | None = None
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = _optional(body, name, int)
+        if value is None:
+            continue
+        if value < 1:
+            raise InvalidRequest(f"'{name}' must be at least 1, got {value}", param=name)
+        if value > MAX_TOKENS_CEILING:
+            raise InvalidRequest(f"'{name}' of {value} is beyond any model's context window", param=name)
+        found = value if found is None else min(found, value)
+    return found
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    for name, (low, high) in NUMBER_RANGES.items():
+        value = _optional(body, name, (int, float))
+        if value is not None and not low <= value <= high:
+            raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}, got {value}", param=name)
+    n = _optional(body, "n", int)
+    if n is not None and not 1 <= n <= 16:
+        raise InvalidRequest(f"'n' must be between 1 and 16, got {n}", param="n")
+    _optional(body, "seed", int)
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop))
+    ):
+        raise InvalidRequest("'stop' must be a string or an array of at most 4 strings", param="stop")

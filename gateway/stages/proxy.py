@@ -1,0 +1,157 @@
+"""Proxy: send the request to the tier's replicas in rank order until one answers, then relay it.
+
+A replica that fails before the first byte (connection refused, timeout, 5xx, 429) is skipped for
+the next one, up to `upstream.max_attempts`; after the first byte the relay owns the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+
+from gateway.backends.pool import Lease, ReplicaPool
+from gateway.backends.relay import SseRelay, apply_usage
+from gateway.config import Replica
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, UpstreamError, UpstreamStatus, UpstreamTimeout
+from gateway.sse import SseScanner
+from gateway.types import JsonReply, Reply, StreamReply
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+PATHS = {"chat": "/chat/completions", "completions": "/completions"}
+JSON_HEADERS = {"Content-Type": "application/json"}
+MAX_ERROR_BODY = 64 * 1024
+
+log = structlog.get_logger("gateway.proxy")
+
+
+class Retry(Exception):
+    """This replica failed before the first byte; try the next one."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class ProxyStage:
+    def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool) -> None:
+        self._session = session
+        self._pool = pool
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
+        settings = ctx.config.routes.upstream
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
+        )
+        last: GatewayError = UpstreamError("the tier has no replica to try")
+        for replica in ctx.candidates[: settings.max_attempts]:
+            ctx.attempts += 1
+            ctx.replica = replica
+            try:
+                return await self._attempt(ctx, replica, timeout)
+            except Retry as retry:
+                last = retry.error
+                log.warning("upstream_attempt_failed", request_id=ctx.request_id, backend=replica.name,
+                            attempt=ctx.attempts, reason=retry.error.message)
+        ctx.error = last.code or last.type
+        raise last
+
+    async def _attempt(self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout) -> Reply:
+        lease = Lease(self._pool, replica)
+        try:
+            response = await self._post(ctx, replica, timeout)
+            if response.status != 200:
+                error = await _status_error(response, replica)
+                retryable = response.status in RETRYABLE_STATUS
+                lease.release(failed=retryable)
+                raise Retry(error) if retryable else error
+            ctx.upstream_started = True
+            if not ctx.stream:
+                reply = await _settle_json(ctx, response, replica)
+                lease.release()
+                return reply
+            first = await _first_bytes(response, replica)
+        except Retry:
+            lease.release(failed=True)
+            raise
+        except BaseException:
+            lease.release()
+            raise
+        scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage)
+        return StreamReply(SseRelay(ctx, response, scanner, first, lease.release))
+
+    async def _post(
+        self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout
+    ) -> aiohttp.ClientResponse:
+        body: dict[str, Any] = {**ctx.body, "model": replica.model}
+        if ctx.stream:
+            body["stream_options"] = {"include_usage": True}
+        try:
+            return await self._session.post(
+                replica.url + PATHS[ctx.endpoint], data=orjson.dumps(body), headers=JSON_HEADERS, timeout=timeout
+            )
+        except TimeoutError:
+            raise Retry(UpstreamTimeout(f"backend {replica.name} did not connect in time")) from None
+        except aiohttp.ClientError as err:
+            raise Retry(UpstreamError(f"backend {replica.name} is unreachable: {type(err).__name__}")) from None
+
+
+async def _first_bytes(response: aiohttp.ClientResponse, replica: Replica) -> bytes:
+    try:
+        first = await response.content.readany()
+    except TimeoutError:
+        response.close()
+        raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
+    except aiohttp.ClientError as err:
+        response.close()
+        raise Retry(UpstreamError(f"backend {replica.name} failed before the first byte: {err}")) from None
+    if not first:
+        response.close()
+        raise Retry(UpstreamError(f"backend {replica.name} closed the stream before the first byte"))
+    return first
+
+
+async def _settle_json(ctx: RequestContext, response: aiohttp.ClientResponse, replica: Replica) -> JsonReply:
+    try:
+        data = await response.read()
+    except TimeoutError:
+        raise Retry(UpstreamTimeout(f"backend {replica.name} did not answer in time")) from None
+    except aiohttp.ClientError as err:
+        raise Retry(UpstreamError(f"backend {replica.name} broke off its answer: {type(err).__name__}")) from None
+    ctx.first_token_at = time.perf_counter()
+    try:
+        answer = orjson.loads(data)
+        choice = answer["choices"][0]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        raise Retry(UpstreamError(f"backend {replica.name} sent a malformed answer")) from None
+    ctx.finish_reason = choice.get("finish_reason")
+    apply_usage(ctx, answer.get("usage"))
+    if ctx.usage_source is None:
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        ctx.response_text = text if isinstance(text, str) else ""
+    return JsonReply(200, data)
+
+
+async def _status_error(response: aiohttp.ClientResponse, replica: Replica) -> GatewayError:
+    """Turn an upstream non-200 into our error, keeping the upstream's message for 4xx."""
+    try:
+        raw = await response.content.read(MAX_ERROR_BODY)
+    except (aiohttp.ClientError, TimeoutError):
+        raw = b""
+    finally:
+        response.release()
+    message = raw.decode("utf-8", "replace")[:500]
+    try:
+        message = orjson.loads(raw)["error"]["message"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        pass
+    retry_after = response.headers.get("Retry-After")
+    delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
+    if response.status >= 500 or response.status in RETRYABLE_STATUS:
+        return UpstreamError(f"backend {replica.name} answered {response.status}: {message}", retry_after=delay)
+    return UpstreamStatus(response.status, f"the backend refused the request: {message}", retry_after=delay)

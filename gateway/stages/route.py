@@ -1,0 +1,32 @@
+"""Route: the requested model names a tier (or 'auto', the policy's default); rank its replicas."""
+
+from __future__ import annotations
+
+from gateway.backends.pool import ReplicaPool
+from gateway.context import RequestContext
+from gateway.errors import InvalidRequest, UnknownModel
+from gateway.types import Reply
+
+AUTO = "auto"
+
+
+class RouteStage:
+    def __init__(self, pool: ReplicaPool) -> None:
+        self._pool = pool
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
+        config = ctx.config
+        model = ctx.model_requested
+        tier = config.tiers.get(config.policy.default_tier if model == AUTO else model or "")
+        if tier is None:
+            names = ", ".join([AUTO, *config.tiers])
+            raise UnknownModel(f"the model {model!r} does not exist; use one of: {names}", param="model")
+        if ctx.max_tokens is not None and ctx.max_tokens > tier.context_window:
+            raise InvalidRequest(
+                f"'max_tokens' of {ctx.max_tokens} exceeds the context window of tier "
+                f"{tier.name!r} ({tier.context_window} tokens)",
+                param="max_tokens",
+            )
+        ctx.tier = tier
+        ctx.candidates = self._pool.rank(tier)
+        return None

@@ -1,0 +1,37 @@
+"""Builders for tests and users: configs around given backend URLs, with a known API key."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.config import GatewayConfig, PolicyConfig, RoutesConfig, Tier
+
+TEST_API_KEY = "sk-test"
+TEST_TENANT = "test-tenant"
+
+
+def tier(name: str, urls: Sequence[str], *, precision: str = "int4", input_per_mtok: float = 1.0,
+         output_per_mtok: float = 2.0, context_window: int = 8192, model: str = "emulated") -> Tier:
+    """A tier whose replicas are `urls` (named NAME-0, NAME-1, ...)."""
+    replicas = [{"name": f"{name}-{i}", "url": url, "model": model} for i, url in enumerate(urls)]
+    return Tier.model_validate({
+        "name": name, "precision": precision, "context_window": context_window,
+        "prices": {"input_per_mtok": input_per_mtok, "output_per_mtok": output_per_mtok},
+        "replicas": replicas,
+    })
+
+
+def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = None,
+                   upstream: Mapping[str, Any] | None = None) -> GatewayConfig:
+    """A config over `tiers`; the first is the default; TEST_API_KEY belongs to TEST_TENANT."""
+    key_hash = hashlib.sha256(TEST_API_KEY.encode()).hexdigest()
+    policy_data: dict[str, Any] = {
+        "default_tier": tiers[0].name,
+        "max_tokens": {"default": 64, "maximum": 1024},
+        "tenants": [{"name": TEST_TENANT, "api_key_sha256": key_hash}],
+        **(policy or {}),
+    }
+    routes = RoutesConfig.model_validate({"tiers": [t.model_dump() for t in tiers], "upstream": upstream or {}})
+    return GatewayConfig.build(routes, PolicyConfig.model_validate(policy_data))

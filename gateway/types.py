@@ -1,0 +1,54 @@
+"""Aliases, replies and protocols shared by the stages (no behaviour lives here)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+
+Endpoint = Literal["chat", "completions"]
+UsageSource = Literal["backend", "counted"]
+Outcome = Literal["ok", "rejected", "upstream_error", "client_disconnected", "internal_error"]
+
+CLIENT_CLOSED_STATUS = 499  # nginx's code for "client closed the request"
+
+
+@dataclass(slots=True)
+class JsonReply:
+    """A complete response body, sent in one piece."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class ChunkSource(Protocol):
+    """Bytes to stream to the client; `close` releases the upstream whatever happened."""
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class StreamReply:
+    """A server-sent-events response, forwarded chunk by chunk."""
+
+    source: ChunkSource
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+Reply = JsonReply | StreamReply
+
+
+class Stage(Protocol):
+    """One step of the request path: returns a reply to stop there, or None to go on."""
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None: ...
+
+
+class TokenCounter(Protocol):
+    def count(self, text: str) -> int: ...

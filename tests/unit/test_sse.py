@@ -1,0 +1,76 @@
+import orjson
+import pytest
+
+from gateway.sse import SseScanner
+
+
+def chat_event(content: str | None = None, finish: str | None = None, usage: dict | None = None,
+               choices: bool = True) -> bytes:
+    obj: dict = {"object": "chat.completion.chunk"}
+    obj["choices"] = [{"index": 0, "delta": {"content": content} if content else {}, "finish_reason": finish}] if choices else []
+    if usage is not None:
+        obj["usage"] = usage
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+STREAM = (chat_event("Hel") + chat_event("lo") + chat_event("!", "stop")
+          + chat_event(usage=USAGE, choices=False) + b"data: [DONE]\n\n")
+STREAM_WITHOUT_USAGE = STREAM.replace(chat_event(usage=USAGE, choices=False), b"")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 50, len(STREAM)])
+def test_any_chunking_forwards_the_same_bytes_and_tally(size: int) -> None:
+    scanner = SseScanner("chat", forward_usage=True)
+    out = b"".join(scanner.feed(STREAM[i:i + size]) for i in range(0, len(STREAM), size))
+    assert out == STREAM
+    assert scanner.tally.content_chunks == 3
+    assert scanner.tally.finish_reason == "stop"
+    assert scanner.tally.usage == USAGE
+    assert scanner.tally.done
+    assert scanner.pending == b""
+
+
+def test_usage_only_event_is_dropped_unless_the_client_asked() -> None:
+    scanner = SseScanner("chat", forward_usage=False)
+    assert scanner.feed(STREAM) == STREAM_WITHOUT_USAGE
+    assert scanner.tally.usage == USAGE
+
+
+def test_incomplete_event_waits_for_the_rest() -> None:
+    scanner = SseScanner("chat", forward_usage=True)
+    event = chat_event("x")
+    assert scanner.feed(event[:-1]) == b""
+    assert scanner.pending == event[:-1]
+    assert scanner.feed(event[-1:]) == event
+
+
+def test_crlf_events_are_normalised_and_tallied() -> None:
+    scanner = SseScanner("chat", forward_usage=True)
+    crlf = chat_event("a").replace(b"\n", b"\r\n")
+    assert scanner.feed(crlf) == chat_event("a")
+    assert scanner.tally.content_chunks == 1
+
+
+def test_comments_pass_and_malformed_data_is_dropped_and_counted() -> None:
+    scanner = SseScanner("chat", forward_usage=True)
+    assert scanner.feed(b": keep-alive\n\n") == b": keep-alive\n\n"
+    assert scanner.feed(b"data: {not json\n\n" + chat_event("ok")) == chat_event("ok")
+    assert scanner.tally.malformed == 1
+
+
+def test_multiline_data_is_joined() -> None:
+    scanner = SseScanner("completions", forward_usage=True)
+    event = b'data: {"choices": [{"text": "hi",\ndata:  "finish_reason": "length"}]}\n\n'
+    assert scanner.feed(event) == event
+    assert scanner.tally.content_chunks == 1
+    assert scanner.tally.finish_reason == "length"
+
+
+def test_completions_text_counts_and_first_token_time_is_set() -> None:
+    scanner = SseScanner("completions", forward_usage=True)
+    scanner.feed(b'data: {"choices": [{"text": ""}]}\n\n')
+    assert scanner.tally.first_token_at is None
+    scanner.feed(b'data: {"choices": [{"text": "a"}]}\n\n')
+    assert scanner.tally.first_token_at is not None
+    assert scanner.tally.content_chunks == 1
