@@ -6,7 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
 
 DEFAULT_ROUTES = "routes/emulator.yaml"
 DEFAULT_POLICIES = "policies/default.yaml"
@@ -59,7 +62,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", type=Path, default=Path(DEFAULT_POLICIES))
 
 
-def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _load(args: argparse.Namespace) -> GatewayConfig | None:
     from gateway.config import ConfigError, load_config
 
     try:
@@ -98,7 +101,7 @@ def _up(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     _log_stream(args.log_file)
-    return up(config, args.host, args.port)
+    return up(config, args.host, args.port, str(args.log_file or "stdout"))
 
 
 def _emulate(args: argparse.Namespace) -> int:

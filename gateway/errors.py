@@ -11,7 +11,8 @@
      ├── RateLimited                   429 rate_limit_error (+ Retry-After)
      ├── Overloaded                    503 overloaded_error (+ Retry-After)
      └── UpstreamError                 502 upstream_error (all replicas failed before the first byte)
-          └── UpstreamTimeout          504
+          ├── UpstreamTimeout          504
+          └── UpstreamOverloaded       503 (the replicas answered 429; + Retry-After)
     UpstreamStatus                     an upstream 4xx passed through with its own body
 
 Stages raise these; only `error_body` turns them into bytes for the client.
@@ -101,6 +102,10 @@ class UpstreamError(GatewayError):
 
 class UpstreamTimeout(UpstreamError):
     status = 504
+
+
+class UpstreamOverloaded(UpstreamError):
+    status = 503
 
 
 class UpstreamStatus(GatewayError):

@@ -33,13 +33,19 @@ async def running(app: web.Application, host: str = "127.0.0.1") -> AsyncIterato
         await runner.cleanup()
 
 
-async def serve_until_signal(app: web.Application, host: str, port: int) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down cleanly."""
-    runner, _ = await start(app, host, port)
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (installed on the running loop)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_until_signal(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (or `stop` is set), then shut down cleanly."""
+    stop = stop or stop_on_signals()
+    runner, _ = await start(app, host, port)
     try:
         await stop.wait()
     finally:

@@ -121,9 +121,10 @@ class Engine:
         seq.notify()
         return rec
 
-    def record_rejection(self, prompt_tokens: int) -> None:
-        """Count a request refused by an injected 500/429 fault."""
-        self.stats.add(RequestRecord(-1, "fault", prompt_tokens, 0, 0, 0, None, 0, None, None))
+    def record_rejection(self, seq: Sequence) -> None:
+        """Count a created request refused by an injected 500/429 fault (never queued)."""
+        seq.state = SeqState.ABORTED
+        self.stats.add(RequestRecord(seq.id, "fault", seq.prompt_tokens, 0, 0, 0, None, 0, None, None))
 
     # -- scheduler ---------------------------------------------------------------------
     def step(self) -> float:

@@ -43,7 +43,7 @@ async def _serve(request: web.Request, kind: Kind) -> web.StreamResponse:
                               param=getattr(exc, "param", None))
     fault = engine.faults.draw()
     if fault.rate_limit or fault.error:
-        engine.record_rejection(len(req.prompt))
+        engine.record_rejection(seq)
         if fault.rate_limit:
             retry = str(max(1, round(engine.faults.config.retry_after_s)))
             return error_response(429, "Rate limit exceeded (emulated)", "rate_limit_error",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 from gateway import server
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.local.children import start_children, stop_children, wait_healthy
+from gateway.local.children import Child, start_children, stop_children, wait_healthy
 
 EXAMPLE = """
 Ready. Try it:
@@ -36,9 +37,17 @@ def up(config: GatewayConfig, host: str, port: int, log_target: str = "stdout") 
     return 0
 
 
-async def _serve(config: GatewayConfig, host: str, port: int, children: list, log_target: str) -> None:  # type: ignore[type-arg]
+async def _serve(config: GatewayConfig, host: str, port: int, children: list[Child], log_target: str) -> None:
+    stop = server.stop_on_signals()  # first: a signal during start-up must still stop the children
     print(f"starting {len(children)} local backend(s)...", file=sys.stderr)
-    await wait_healthy(children)
+    healthy = asyncio.ensure_future(wait_healthy(children))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((healthy, stopped), return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        healthy.cancel()
+        return
+    stopped.cancel()
+    healthy.result()
     models = ", ".join(["auto", *config.tiers])
     print(EXAMPLE.format(host=host, port=port, models=models, log=log_target), file=sys.stderr)
-    await server.serve_until_signal(create_app(config), host, port)
+    await server.serve_until_signal(create_app(config), host, port, stop)

@@ -17,7 +17,7 @@ from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import SseRelay, apply_usage
 from gateway.config import Replica
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, UpstreamError, UpstreamStatus, UpstreamTimeout
+from gateway.errors import GatewayError, UpstreamError, UpstreamOverloaded, UpstreamStatus, UpstreamTimeout
 from gateway.sse import SseScanner
 from gateway.types import JsonReply, Reply, StreamReply
 
@@ -152,6 +152,8 @@ async def _status_error(response: aiohttp.ClientResponse, replica: Replica) -> G
         pass
     retry_after = response.headers.get("Retry-After")
     delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
+    if response.status == 429:
+        return UpstreamOverloaded(f"backend {replica.name} is rate limiting (429): {message}", retry_after=delay)
     if response.status >= 500 or response.status in RETRYABLE_STATUS:
         return UpstreamError(f"backend {replica.name} answered {response.status}: {message}", retry_after=delay)
     return UpstreamStatus(response.status, f"the backend refused the request: {message}", retry_after=delay)

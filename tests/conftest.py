@@ -1,0 +1,58 @@
+"""Fixtures: real servers on loopback (emulators and gateways), stopped when the test ends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+
+import pytest
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.emulator.faults import FaultConfig
+from gateway.emulator.harness import RunningEmulator, serve_emulator
+from gateway.emulator.profiles import get_profile
+from gateway.server import running
+
+StartEmulator = Callable[..., Awaitable[RunningEmulator]]
+StartGateway = Callable[[GatewayConfig], Awaitable[str]]
+StartApp = Callable[[web.Application], Awaitable[str]]
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[AsyncExitStack]:
+    async with AsyncExitStack() as exit_stack:
+        yield exit_stack
+
+
+@pytest.fixture
+def start_emulator(stack: AsyncExitStack) -> StartEmulator:
+    """Start an emulator (profile 'instant' unless told) on a free port; returns it running."""
+
+    async def start(profile: str = "instant", seed: int = 0, faults: FaultConfig | None = None) -> RunningEmulator:
+        return await stack.enter_async_context(serve_emulator(get_profile(profile), seed, faults))
+
+    return start
+
+
+@pytest.fixture
+def start_app(stack: AsyncExitStack) -> StartApp:
+    async def start(app: web.Application) -> str:
+        return await stack.enter_async_context(running(app))
+
+    return start
+
+
+@pytest.fixture
+def start_gateway(start_app: StartApp) -> StartGateway:
+    """Start a gateway for `config` on a free port; returns its base URL (add /v1 for clients)."""
+
+    async def start(config: GatewayConfig) -> str:
+        return await start_app(create_app(config))
+
+    return start
+
+
+def v1(urls: Sequence[str]) -> list[str]:
+    return [f"{url}/v1" for url in urls]
