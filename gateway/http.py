@@ -16,7 +16,7 @@ from gateway.context import RequestContext
 from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UpstreamError, error_body
 from gateway.pipeline import run_stages
 from gateway.stages.route import AUTO
-from gateway.types import CLIENT_CLOSED_STATUS, Endpoint, StreamReply
+from gateway.types import CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
 
 JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -114,9 +114,9 @@ def _headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> dict[s
     return headers
 
 
-def _error(ctx: RequestContext, err: GatewayError, outcome: str) -> web.Response:
+def _error(ctx: RequestContext, err: GatewayError, outcome: Outcome) -> web.Response:
     ctx.status = err.status
-    ctx.outcome = outcome  # type: ignore[assignment]
+    ctx.outcome = outcome
     ctx.error = ctx.error or err.code or err.type
     headers = _headers(ctx, err.headers())
     return web.Response(body=error_body(err), status=err.status, headers=headers, content_type=JSON)

@@ -46,7 +46,9 @@ def render_chat(messages: Any) -> str:
             raise BadRequest("each message must be an object with a string role", "messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+            content = " ".join(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
         elif content is None:
             content = ""
         elif not isinstance(content, str):

@@ -59,7 +59,9 @@ def _dumps(obj: object) -> str:
     return orjson.dumps(obj).decode()
 
 
-def create_emulator_app(profile: Profile, seed: int = 0, faults: FaultConfig | None = None) -> web.Application:
+def create_emulator_app(
+    profile: Profile, seed: int = 0, faults: FaultConfig | None = None
+) -> web.Application:
     """An app serving one emulated backend; its Engine is at `app[ENGINE_KEY]`."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     engine = Engine(profile, seed, faults)

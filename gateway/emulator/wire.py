@@ -55,7 +55,8 @@ class StreamFormatter:
 
     def finish(self, reason: str) -> bytes:
         choice = b'{"index":0,"delta":{},' if self.chat else b'{"index":0,"text":"",'
-        return self._base + choice + b'"logprobs":null,"finish_reason":"' + reason.encode() + b'"}' + self._end
+        end = b'"logprobs":null,"finish_reason":"' + reason.encode() + b'"}' + self._end
+        return self._base + choice + end
 
     def usage(self, prompt: int, completion: int, cached: int) -> bytes:
         """The include_usage chunk: empty choices and the usage object."""
