@@ -41,7 +41,7 @@ def create_app(config: GatewayConfig) -> web.Application:
 
     metrics, counters = GatewayMetrics(), TokenCounters()
     for tier in config.routes.tiers:
-        counters.for_path(tier.tokenizer)  # load tokenizers now, never on the request path
+        counters.for_spec(tier.tokenizer)  # load tokenizers now, never on the request path
     gateway = Gateway(config, Accountant(counters, metrics), metrics, ReplicaPool())
     app = web.Application(client_max_size=BODY_CEILING)
     app[GATEWAY] = gateway

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -29,11 +29,24 @@ class EmulatorLaunch(Frozen):
     seed: int = 0
 
 
+class LlamaCppLaunch(Frozen):
+    """`gateway up` starts llama-cpp-python's OpenAI server for this replica (the `local` extra)."""
+
+    kind: Literal["llama_cpp"]
+    model: Literal["gemma3-270m-q4_k_m", "gemma3-270m-f16"] = Field(description="a model of gateway.local.models")
+    chat_format: str = "gemma"
+    n_ctx: int = Field(default=2048, ge=128)
+    n_threads: int = Field(default=1, ge=1)
+
+
+Launch = Annotated[EmulatorLaunch | LlamaCppLaunch, Field(discriminator="kind")]
+
+
 class Replica(Frozen):
     name: str = Field(min_length=1)
     url: str
     model: str = Field(min_length=1, description="model name the upstream server expects")
-    launch: EmulatorLaunch | None = None
+    launch: Launch | None = None
 
     @field_validator("url")
     @classmethod
@@ -56,7 +69,8 @@ class Tier(Frozen):
     prices: Prices
     replicas: tuple[Replica, ...] = Field(min_length=1)
     tokenizer: str | None = Field(
-        default=None, description="tokenizer.json used to count tokens when the backend reports no usage"
+        default=None,
+        description="counts tokens when the backend reports no usage: a tokenizer.json path, or gguf:<local model>",
     )
 
 

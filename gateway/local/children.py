@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from gateway.config import Replica, RoutesConfig
+from gateway.config.routes import EmulatorLaunch, LlamaCppLaunch
+from gateway.local import models
 
 
 @dataclass
@@ -24,11 +26,17 @@ class Child:
 
 def launch_command(replica: Replica) -> list[str]:
     """The command that serves `replica` locally, from its `launch` block."""
-    launch = replica.launch
-    if launch is None:
-        raise ValueError(f"replica {replica.name} has no launch block")
-    return [sys.executable, "-m", "gateway", "emulate", "--host", "127.0.0.1", "--port", str(replica.port),
-            "--profile", launch.profile, "--seed", str(launch.seed)]
+    launch, port = replica.launch, str(replica.port)
+    if isinstance(launch, EmulatorLaunch):
+        return [sys.executable, "-m", "gateway", "emulate", "--host", "127.0.0.1", "--port", port,
+                "--profile", launch.profile, "--seed", str(launch.seed)]
+    if isinstance(launch, LlamaCppLaunch):
+        threads = str(launch.n_threads)
+        return [sys.executable, "-m", "llama_cpp.server", "--model", str(models.resolve(launch.model)),
+                "--host", "127.0.0.1", "--port", port, "--model_alias", replica.model,
+                "--chat_format", launch.chat_format, "--n_ctx", str(launch.n_ctx),
+                "--n_threads", threads, "--n_threads_batch", threads]
+    raise ValueError(f"replica {replica.name} has no launch block")
 
 
 def start_children(routes: RoutesConfig) -> list[Child]:
@@ -38,8 +46,7 @@ def start_children(routes: RoutesConfig) -> list[Child]:
             if replica.launch is None:
                 continue
             process = subprocess.Popen(launch_command(replica), start_new_session=True)
-            base = replica.url.removesuffix("/v1")
-            children.append(Child(replica.name, process, f"{base}/health"))
+            children.append(Child(replica.name, process, f"{replica.url}/models"))
     return children
 
 

@@ -63,7 +63,7 @@ class Accountant:
         """Fill in counts the backend did not report: output chunks (streams) or a tokenizer."""
         if ctx.usage_source == "backend" or not ctx.upstream_started or ctx.tier is None:
             return
-        counter = self._counters.for_path(ctx.tier.tokenizer)
+        counter = self._counters.for_spec(ctx.tier.tokenizer)
         ctx.prompt_tokens = counter.count(ctx.prompt_text())
         ctx.completion_tokens = (
             ctx.output_chunks if ctx.response_text is None else counter.count(ctx.response_text)

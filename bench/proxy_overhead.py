@@ -1,0 +1,597 @@
+"""Proxy overhead of the gateway (issue 2): direct vs bare aiohttp proxy vs gateway, one emulator.
+
+    .venv/bin/python bench/proxy_overhead.py [--quick] [--profile int4] [--strict]
+
+Starts, on 127.0.0.1, one backend emulator (`gateway emulate`), the bare proxy (bench/bare_proxy.py)
+and the gateway (`gateway serve`, request log to a temp file), then measures:
+
+1. added TTFT (p50/p99 of proxy path minus the same percentile direct) for streaming chat requests
+   at fixed concurrency 1, 32, 128 (closed loop; TTFT = first SSE event with non-empty delta.content);
+2. CPU microseconds per non-streaming request in the proxy process (bare vs gateway);
+3. CPU microseconds per forwarded SSE chunk: (cpu/req at long output - cpu/req at short output) /
+   (content chunks/req long - short), so the per-request cost cancels out.
+
+On a 2-core machine the proxy under test is pinned to one core, the emulator and this load
+generator to the other. Results: a table on stdout, JSON + markdown under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import datetime as dt
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+import psutil
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+API_KEY = "sk-demo"
+TIER = "small-int4"
+PROMPT = [{"role": "user", "content": "Say hello to the benchmark in a few words."}]
+TARGETS = {"cpu_per_request_ratio": 2.5, "cpu_per_chunk_ratio": 1.5, "added_ttft_p50_ms_c32": 1.0}
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    profile: str
+    concurrencies: tuple[int, ...]
+    ttft_requests: dict[int, int]  # measured requests per concurrency (per path)
+    ttft_max_tokens: int
+    think_ms: float  # uniform random pause before each request at concurrency > 1
+    cpu_reps: int
+    req_n: int
+    req_concurrency: int
+    req_max_tokens: int
+    chunk_concurrency: int
+    chunk_short: int
+    chunk_long: int
+    point_time_limit_s: float
+
+
+FULL = Settings(
+    profile="int4", concurrencies=(1, 32, 128), ttft_requests={1: 300, 32: 1000, 128: 1000},
+    ttft_max_tokens=4, think_ms=20.0, cpu_reps=3, req_n=2000, req_concurrency=32, req_max_tokens=4,
+    chunk_concurrency=64, chunk_short=8, chunk_long=264, point_time_limit_s=40.0,
+)
+QUICK = Settings(
+    profile="int4", concurrencies=(1, 32, 128), ttft_requests={1: 100, 32: 300, 128: 300},
+    ttft_max_tokens=4, think_ms=20.0, cpu_reps=1, req_n=600, req_concurrency=32, req_max_tokens=4,
+    chunk_concurrency=32, chunk_short=8, chunk_long=136, point_time_limit_s=20.0,
+)
+
+# --------------------------------------------------------------------------- processes
+
+PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(cpus: set[int] | None) -> Any:
+    def setup() -> None:
+        with contextlib.suppress(Exception):  # die with the benchmark, even on SIGKILL
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
+
+
+class Procs:
+    """The processes this benchmark started; `close` ends each of them by its own handle."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str], cpus: set[int] | None, log: Path) -> subprocess.Popen[bytes]:
+        out = log.open("wb")
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_child_setup(cpus), start_new_session=True)
+        out.close()
+        self.items.append((name, proc))
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.items:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}")
+
+    def close(self) -> None:
+        for _, proc in self.items:
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc in self.items:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self.items.clear()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], name: str, method: str = "GET", timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up")
+        try:
+            req = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None)
+            with urllib.request.urlopen(req, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers HTTP: up
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{name} did not answer {url} within {timeout_s}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of the process in seconds, to the nanosecond: the sum of its threads' on-CPU time from
+    /proc/PID/task/*/schedstat (user + system). Falls back to psutil's utime + stime (10 ms ticks)."""
+    total, found = 0, False
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(Path(task.path, "schedstat").read_bytes().split()[0])
+                found = True
+    if found:
+        return total / 1e9
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def tick_cpu_seconds(pid: int) -> float:
+    """utime + stime from /proc/PID/stat (includes exited threads; 10 ms resolution): a cross-check."""
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+# --------------------------------------------------------------------------- load generator
+
+
+@dataclass
+class Path_:
+    name: str
+    url: str  # full URL of /v1/chat/completions
+    model: str
+    headers: dict[str, str]
+    pid: int | None  # proxy process (None: direct)
+    session: aiohttp.ClientSession | None = None
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float | None = None
+    content_chunks: int = 0
+    error: str | None = None
+
+
+def body_bytes(path: Path_, max_tokens: int, stream: bool) -> bytes:
+    return orjson.dumps({"model": path.model, "messages": PROMPT, "max_tokens": max_tokens,
+                         "stream": stream, "ignore_eos": True})
+
+
+async def one_request(path: Path_, body: bytes, stream: bool) -> Result:
+    assert path.session is not None
+    t0 = time.perf_counter()
+    try:
+        async with path.session.post(path.url, data=body, headers=path.headers) as resp:
+            if resp.status != 200:
+                return Result(False, error=f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
+            if not stream:
+                answer = orjson.loads(await resp.read())
+                ok = bool(answer.get("choices"))
+                return Result(ok, time.perf_counter() - t0, 0, None if ok else "no choices")
+            ttft, chunks, done = None, 0, False
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                if line.startswith(b"data: [DONE]"):
+                    done = True
+                    continue
+                if ttft is None:
+                    event = orjson.loads(line[6:])
+                    choices = event.get("choices") or [{}]
+                    if (choices[0].get("delta") or {}).get("content"):
+                        ttft = time.perf_counter() - t0
+                        chunks += 1
+                    elif "error" in event:
+                        return Result(False, error=str(event["error"])[:200])
+                elif b'"delta":{"content":"' in line and b'"delta":{"content":""' not in line:
+                    chunks += 1
+                elif b'"error"' in line:
+                    return Result(False, ttft, chunks, error=line[:200].decode(errors="replace"))
+            if not done:
+                return Result(False, ttft, chunks, "stream ended without [DONE]")
+            return Result(ttft is not None, ttft, chunks, None if ttft is not None else "no content event")
+    except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError) as err:
+        return Result(False, error=f"{type(err).__name__}: {err}")
+
+
+async def closed_loop(path: Path_, n: int, concurrency: int, max_tokens: int, stream: bool,
+                      think_s: float, time_limit_s: float, seed: int = 0) -> tuple[list[Result], float, bool]:
+    """`concurrency` workers send `n` requests back to back; returns results, wall seconds, truncated."""
+    body = body_bytes(path, max_tokens, stream)
+    todo = iter(range(n))
+    results: list[Result] = []
+    deadline = time.perf_counter() + time_limit_s
+    truncated = False
+
+    async def worker(i: int) -> None:
+        nonlocal truncated
+        rng = random.Random(seed * 100_003 + i)
+        for _ in todo:
+            if time.perf_counter() > deadline:
+                truncated = True
+                return
+            if think_s:
+                await asyncio.sleep(rng.uniform(0.0, think_s))
+            results.append(await one_request(path, body, stream))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    return results, time.perf_counter() - t0, truncated
+
+
+def errors_of(results: list[Result]) -> list[str]:
+    return [r.error or "?" for r in results if not r.ok]
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+@dataclass
+class TtftPoint:
+    path: str
+    concurrency: int
+    n: int
+    errors: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    wall_s: float
+    rps: float
+    proxy_core_util: float | None  # proxy CPU seconds / wall seconds during the point
+    truncated: bool
+    error_samples: list[str] = field(default_factory=list)
+
+
+async def measure_ttft(paths: list[Path_], s: Settings, log: Any) -> list[TtftPoint]:
+    points: list[TtftPoint] = []
+    for c in s.concurrencies:
+        n = s.ttft_requests[c]
+        think = s.think_ms / 1000 if c > 1 else 0.0
+        samples: dict[str, list[Result]] = {p.name: [] for p in paths}
+        walls: dict[str, float] = {p.name: 0.0 for p in paths}
+        cpu: dict[str, float] = {p.name: 0.0 for p in paths}
+        trunc: dict[str, bool] = {p.name: False for p in paths}
+        for p in paths:  # warm-up: connection pools at this concurrency, caches
+            await closed_loop(p, max(2 * c, 20), c, s.ttft_max_tokens, True, think, s.point_time_limit_s / 4)
+        # two halves in opposite orders, so drift on a shared machine hits every path alike
+        for half, order in enumerate((paths, paths[::-1])):
+            for p in order:
+                cpu0 = cpu_seconds(p.pid) if p.pid else 0.0
+                res, wall, tr = await closed_loop(p, n // 2, c, s.ttft_max_tokens, True, think,
+                                                  s.point_time_limit_s / 2, seed=half)
+                if p.pid:
+                    cpu[p.name] += cpu_seconds(p.pid) - cpu0
+                samples[p.name] += res
+                walls[p.name] += wall
+                trunc[p.name] |= tr
+        for p in paths:
+            res = samples[p.name]
+            ttfts = [r.ttft * 1000 for r in res if r.ok and r.ttft is not None]
+            errs = errors_of(res)
+            nan = float("nan")
+            point = TtftPoint(
+                p.name, c, len(ttfts), len(errs),
+                pct(ttfts, 50) if ttfts else nan, pct(ttfts, 90) if ttfts else nan,
+                pct(ttfts, 99) if ttfts else nan, statistics.fmean(ttfts) if ttfts else nan,
+                walls[p.name], len(res) / walls[p.name] if walls[p.name] else 0.0,
+                cpu[p.name] / walls[p.name] if p.pid and walls[p.name] else None, trunc[p.name], errs[:3],
+            )
+            points.append(point)
+            log(f"  ttft c={c:<4} {p.name:<8} n={point.n:<5} err={point.errors:<3} p50={point.p50_ms:8.3f} ms "
+                f"p99={point.p99_ms:8.3f} ms  {point.rps:7.1f} req/s"
+                + (f"  proxy core {100 * point.proxy_core_util:.0f}%" if point.proxy_core_util is not None else "")
+                + ("  TRUNCATED (time limit)" if point.truncated else ""))
+    return points
+
+
+@dataclass
+class CpuRun:
+    path: str
+    kind: str  # "request" | "stream_short" | "stream_long"
+    n: int
+    errors: int
+    cpu_s: float
+    wall_s: float
+    content_chunks_per_req: float
+
+
+async def cpu_batch(p: Path_, kind: str, n: int, c: int, max_tokens: int, stream: bool,
+                    limit_s: float) -> CpuRun:
+    assert p.pid is not None
+    await closed_loop(p, max(c, 20), c, max_tokens, stream, 0.0, limit_s / 4)  # warm the pools
+    await asyncio.sleep(0.2)
+    cpu0 = cpu_seconds(p.pid)
+    res, wall, _ = await closed_loop(p, n, c, max_tokens, stream, 0.0, limit_s)
+    cpu = cpu_seconds(p.pid) - cpu0
+    ok = [r for r in res if r.ok]
+    chunks = statistics.fmean(r.content_chunks for r in ok) if ok else 0.0
+    return CpuRun(p.name, kind, len(res), len(res) - len(ok), cpu, wall, chunks)
+
+
+async def measure_cpu(proxies: list[Path_], s: Settings, log: Any) -> list[CpuRun]:
+    runs: list[CpuRun] = []
+    for rep in range(s.cpu_reps):
+        for p in proxies if rep % 2 == 0 else proxies[::-1]:
+            r = await cpu_batch(p, "request", s.req_n, s.req_concurrency, s.req_max_tokens, False,
+                                s.point_time_limit_s)
+            runs.append(r)
+            log(f"  cpu/request  rep {rep + 1} {p.name:<8} n={r.n} err={r.errors} "
+                f"{1e6 * r.cpu_s / max(r.n, 1):8.1f} us/req  ({r.wall_s:.1f} s)")
+            short = await cpu_batch(p, "stream_short", s.chunk_concurrency, s.chunk_concurrency, s.chunk_short,
+                                    True, s.point_time_limit_s)
+            long = await cpu_batch(p, "stream_long", s.chunk_concurrency, s.chunk_concurrency, s.chunk_long,
+                                   True, s.point_time_limit_s)
+            runs += [short, long]
+            log(f"  cpu/chunk    rep {rep + 1} {p.name:<8} {per_chunk_us(short, long):8.2f} us/chunk  "
+                f"(short {short.content_chunks_per_req:.0f} ch {1e6 * short.cpu_s / max(short.n, 1):.0f} us/req, "
+                f"long {long.content_chunks_per_req:.0f} ch {1e6 * long.cpu_s / max(long.n, 1):.0f} us/req, "
+                f"{long.wall_s:.1f} s, err {short.errors + long.errors})")
+    return runs
+
+
+def per_chunk_us(short: CpuRun, long: CpuRun) -> float:
+    d = long.content_chunks_per_req - short.content_chunks_per_req
+    if d <= 0 or not short.n or not long.n:
+        return float("nan")
+    return 1e6 * (long.cpu_s / long.n - short.cpu_s / short.n) / d
+
+
+def cpu_summary(runs: list[CpuRun], name: str) -> dict[str, Any]:
+    req = [1e6 * r.cpu_s / r.n for r in runs if r.path == name and r.kind == "request" and r.n]
+    shorts = [r for r in runs if r.path == name and r.kind == "stream_short"]
+    longs = [r for r in runs if r.path == name and r.kind == "stream_long"]
+    chunk = [per_chunk_us(a, b) for a, b in zip(shorts, longs)]
+    return {"cpu_us_per_request": statistics.median(req), "cpu_us_per_request_reps": req,
+            "cpu_us_per_chunk": statistics.median(chunk), "cpu_us_per_chunk_reps": chunk}
+
+
+async def idle_cpu(proxies: list[Path_], seconds: float) -> dict[str, float]:
+    before = {p.name: cpu_seconds(p.pid) for p in proxies if p.pid}
+    await asyncio.sleep(seconds)
+    return {p.name: 1e3 * (cpu_seconds(p.pid) - before[p.name]) / seconds for p in proxies if p.pid}
+
+
+async def smoke(paths: list[Path_]) -> None:
+    """One streaming and one non-streaming request per path; refuse to measure a broken path."""
+    for p in paths:
+        r = await one_request(p, body_bytes(p, 5, True), True)
+        if not r.ok or r.content_chunks != 5:
+            raise RuntimeError(f"smoke test failed on {p.name} (stream, 5 tokens): {r}")
+        r = await one_request(p, body_bytes(p, 5, False), False)
+        if not r.ok:
+            raise RuntimeError(f"smoke test failed on {p.name} (non-stream): {r}")
+
+
+# --------------------------------------------------------------------------- report
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "gateway"], cwd=ROOT, capture_output=True,
+                           text=True)
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
+        "cpu_model": model, "python": platform.python_version(), "aiohttp": aiohttp.__version__,
+        "uvloop": uvloop.__version__, "kernel": platform.release(), "loadavg_at_start": os.getloadavg(),
+        "git_commit": commit.stdout.strip() or None, "gateway_dirty": bool(dirty.stdout.strip()),
+    }
+
+
+def render(result: dict[str, Any]) -> tuple[str, str]:
+    """(terminal table, markdown) from the result dict."""
+    ttft = {(t["path"], t["concurrency"]): t for t in result["ttft"]}
+    cpu, checks = result["cpu"], result["checks"]
+    rows: list[list[str]] = []
+    for c in result["settings"]["concurrencies"]:
+        d = ttft[("direct", c)]
+        for name in ("bare", "gateway"):
+            t = ttft[(name, c)]
+            util = f"{100 * t['proxy_core_util']:.0f}%" if t["proxy_core_util"] is not None else "-"
+            rows.append([f"added TTFT c={c}", name, f"{t['p50_ms'] - d['p50_ms']:+.3f} ms",
+                         f"{t['p99_ms'] - d['p99_ms']:+.3f} ms",
+                         f"direct p50 {d['p50_ms']:.2f} / p99 {d['p99_ms']:.2f} ms; n={t['n']}, "
+                         f"err={t['errors']}, {t['rps']:.0f} req/s, proxy core {util}"])
+    b, g = cpu["bare"], cpu["gateway"]
+    rows.append(["CPU per request (non-stream)", "bare | gateway", f"{b['cpu_us_per_request']:.0f} us",
+                 f"{g['cpu_us_per_request']:.0f} us", f"ratio {checks['cpu_per_request_ratio']['value']:.2f}x"])
+    rows.append(["CPU per SSE chunk", "bare | gateway", f"{b['cpu_us_per_chunk']:.2f} us",
+                 f"{g['cpu_us_per_chunk']:.2f} us", f"ratio {checks['cpu_per_chunk_ratio']['value']:.2f}x"])
+    head = ["measure", "path", "p50 / bare", "p99 / gateway", "notes"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = "  ".join
+    term = [line(h.ljust(w) for h, w in zip(head, widths)), line("-" * w for w in widths)]
+    term += [line(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    term.append("")
+    for name, chk in checks.items():
+        term.append(f"{'PASS' if chk['pass'] else 'FAIL'}  {name}: {chk['value']:.3f} (target <= {chk['target']})")
+    md = ["| measure | path | p50 (or bare) | p99 (or gateway) | notes |", "| --- | --- | --- | --- | --- |"]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md += ["", "| target | value | limit | result |", "| --- | --- | --- | --- |"]
+    md += [f"| {n} | {c['value']:.3f} | <= {c['target']} | {'PASS' if c['pass'] else 'FAIL'} |"
+           for n, c in checks.items()]
+    return "\n".join(term), "\n".join(md)
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Path, log: Any) -> dict[str, Any]:
+    allowed = sorted(os.sched_getaffinity(0))
+    pin = len(allowed) >= 2 and not args.no_pin
+    load_cpus, proxy_cpus = ({allowed[0]}, {allowed[1]}) if pin else (None, None)
+    if pin:
+        os.sched_setaffinity(0, load_cpus)
+        log(f"pinning: proxy under test -> CPU {allowed[1]}; emulator + load generator -> CPU {allowed[0]}")
+    else:
+        log("pinning: OFF (" + ("--no-pin" if args.no_pin else f"only {len(allowed)} CPU allowed") + ")")
+
+    emu_port, bare_port, gw_port = free_port(), free_port(), free_port()
+    routes = tmp / "routes.yaml"
+    routes.write_text(
+        "tiers:\n  - name: small-int4\n    precision: int4\n    context_window: 8192\n"
+        "    prices: {input_per_mtok: 0.05, output_per_mtok: 0.20}\n    replicas:\n"
+        f'      - {{name: small-int4-a, url: "http://127.0.0.1:{emu_port}/v1", model: emulated}}\n'
+    )
+    gw_log = tmp / "gateway-requests.log"
+    py = sys.executable
+    emu = procs.start("emulator", [py, "-m", "gateway", "emulate", "--host", "127.0.0.1", "--port", str(emu_port),
+                                   "--profile", s.profile, "--seed", "1"], load_cpus, tmp / "emulator.out")
+    bare = procs.start("bare proxy", [py, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(bare_port),
+                                      "--upstream", f"http://127.0.0.1:{emu_port}"], proxy_cpus, tmp / "bare.out")
+    gw = procs.start("gateway", [py, "-m", "gateway", "serve", "--routes", str(routes), "--policies",
+                                 str(ROOT / "policies" / "default.yaml"), "--host", "127.0.0.1", "--port",
+                                 str(gw_port), "--log-file", str(gw_log)], proxy_cpus, tmp / "gateway.out")
+    wait_http(f"http://127.0.0.1:{emu_port}/health", emu, "emulator")
+    wait_http(f"http://127.0.0.1:{bare_port}/v1/chat/completions", bare, "bare proxy", "POST")
+    wait_http(f"http://127.0.0.1:{gw_port}/healthz", gw, "gateway")
+
+    auth = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    plain = {"Content-Type": "application/json"}
+    paths = [
+        Path_("direct", f"http://127.0.0.1:{emu_port}/v1/chat/completions", "emulated", plain, None),
+        Path_("bare", f"http://127.0.0.1:{bare_port}/v1/chat/completions", "emulated", plain, bare.pid),
+        Path_("gateway", f"http://127.0.0.1:{gw_port}/v1/chat/completions", TIER, auth, gw.pid),
+    ]
+    timeout = aiohttp.ClientTimeout(total=120, sock_read=30)
+    async with contextlib.AsyncExitStack() as stack:
+        for p in paths:
+            p.session = await stack.enter_async_context(aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=timeout, auto_decompress=False))
+        await smoke(paths)
+        log("smoke test ok on direct, bare, gateway")
+        idle = await idle_cpu(paths[1:], 1.0)
+        log(f"idle CPU: " + ", ".join(f"{k} {v:.2f} ms/s" for k, v in idle.items()))
+        log("TTFT (streaming chat, ignore_eos, max_tokens=%d):" % s.ttft_max_tokens)
+        ttft = await measure_ttft(paths, s, log)
+        procs.check_alive()
+        log("CPU in the proxy process (median of %d reps):" % s.cpu_reps)
+        runs = await measure_cpu(paths[1:], s, log)
+        procs.check_alive()
+
+    gw_lines = sum(1 for _ in gw_log.open("rb")) if gw_log.exists() else 0
+    cpu = {name: cpu_summary(runs, name) for name in ("bare", "gateway")}
+    tt = {(t.path, t.concurrency): t for t in ttft}
+    added_c32 = tt[("gateway", 32)].p50_ms - tt[("direct", 32)].p50_ms if 32 in s.concurrencies else float("nan")
+    values = {
+        "cpu_per_request_ratio": cpu["gateway"]["cpu_us_per_request"] / cpu["bare"]["cpu_us_per_request"],
+        "cpu_per_chunk_ratio": cpu["gateway"]["cpu_us_per_chunk"] / cpu["bare"]["cpu_us_per_chunk"],
+        "added_ttft_p50_ms_c32": added_c32,
+    }
+    checks = {k: {"value": v, "target": TARGETS[k], "pass": bool(v <= TARGETS[k])} for k, v in values.items()}
+    return {
+        "benchmark": "proxy_overhead", "machine": machine(), "settings": asdict(s), "pinned": pin,
+        "pinning": {"proxy_cpus": sorted(proxy_cpus or []), "emulator_and_loadgen_cpus": sorted(load_cpus or [])},
+        "idle_cpu_ms_per_s": idle, "ttft": [asdict(t) for t in ttft], "cpu_runs": [asdict(r) for r in runs],
+        "cpu": cpu, "checks": checks, "gateway_log_lines": gw_log.exists() and gw_lines,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests, one CPU repetition")
+    parser.add_argument("--profile", help="emulator profile (default int4: small but non-zero TTFT/TPOT)")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON/markdown results")
+    args = parser.parse_args()
+    s = QUICK if args.quick else FULL
+    if args.profile:
+        s = Settings(**{**asdict(s), "profile": args.profile})
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    procs = Procs()
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmpdir:
+            try:
+                result = uvloop.run(run_bench(args, s, procs, Path(tmpdir), log))
+            except Exception:
+                for name in ("emulator.out", "bare.out", "gateway.out"):
+                    f = Path(tmpdir) / name
+                    if f.exists() and f.stat().st_size:
+                        print(f"--- {name} (last lines) ---\n" + "\n".join(f.read_text().splitlines()[-15:]),
+                              file=sys.stderr)
+                raise
+            finally:
+                procs.close()
+    except KeyboardInterrupt:
+        print("interrupted; all benchmark processes stopped", file=sys.stderr)
+        return 130
+    result["elapsed_s"] = round(time.monotonic() - started, 1)
+    term, md = render(result)
+    m = result["machine"]
+    header = (f"{m['date']}  {m['nproc']} x {m['cpu_model']}  profile={s.profile}  "
+              f"{'quick' if args.quick else 'full'} run  {result['elapsed_s']} s  "
+              f"pinned={'yes' if result['pinned'] else 'no'}  gateway@{m['git_commit']}"
+              f"{' (dirty)' if m['gateway_dirty'] else ''}")
+    print("\n" + header + "\n" + term)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    json_path = args.out / f"proxy_overhead-{stamp}.json"
+    json_path.write_text(json.dumps(result, indent=2, default=str))
+    (args.out / f"proxy_overhead-{stamp}.md").write_text(header + "\n\n" + md + "\n")
+    print(f"\nresults: {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} (+ .md)")
+    failed = [k for k, c in result["checks"].items() if not c["pass"]]
+    return 1 if args.strict and failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
