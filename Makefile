@@ -1,28 +1,32 @@
-# `make run` and `make test` create .venv if missing and install what they need.
+# `make run` and `make test` create .venv if missing and install what they need
+# (the `local` extra builds llama-cpp-python from source once, ~6 minutes; pip caches the wheel).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test typecheck bench clean
+.PHONY: run run-emulated test typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev,local]'
 	touch $@
 
-run: $(VENV)/.dev
-	$(BIN)/gateway up --routes routes/emulator.yaml --policies policies/default.yaml
+run: $(VENV)/.installed
+	$(BIN)/gateway up --routes routes/local.yaml --policies policies/local.yaml
 
-test: $(VENV)/.dev
+run-emulated: $(VENV)/.installed
+	$(BIN)/gateway up --routes routes/emulator.yaml --policies policies/emulator.yaml
+
+test: $(VENV)/.installed
 	$(BIN)/pytest
 
-typecheck: $(VENV)/.dev
+typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
-bench: $(VENV)/.dev
+bench: $(VENV)/.installed
 	$(BIN)/python bench/proxy_overhead.py
 
 clean:

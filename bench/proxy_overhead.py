@@ -61,7 +61,7 @@ class Settings:
     concurrencies: tuple[int, ...]
     ttft_requests: dict[int, int]  # measured requests per concurrency (per path)
     ttft_max_tokens: int
-    think_ms: float  # uniform random pause before each request at concurrency > 1
+    think_steps: float  # pause before each request at concurrency > 1: uniform in [0, think_steps x step]
     cpu_reps: int
     req_n: int
     req_concurrency: int
@@ -73,13 +73,13 @@ class Settings:
 
 
 FULL = Settings(
-    profile="int4", concurrencies=(1, 32, 128), ttft_requests={1: 300, 32: 1000, 128: 1000},
-    ttft_max_tokens=4, think_ms=20.0, cpu_reps=3, req_n=2000, req_concurrency=32, req_max_tokens=4,
+    profile="int4", concurrencies=(1, 32, 128), ttft_requests={1: 300, 32: 2000, 128: 1000},
+    ttft_max_tokens=4, think_steps=2.0, cpu_reps=3, req_n=2000, req_concurrency=32, req_max_tokens=4,
     chunk_concurrency=64, chunk_short=8, chunk_long=264, point_time_limit_s=40.0,
 )
 QUICK = Settings(
     profile="int4", concurrencies=(1, 32, 128), ttft_requests={1: 100, 32: 300, 128: 300},
-    ttft_max_tokens=4, think_ms=20.0, cpu_reps=1, req_n=600, req_concurrency=32, req_max_tokens=4,
+    ttft_max_tokens=4, think_steps=2.0, cpu_reps=1, req_n=600, req_concurrency=32, req_max_tokens=4,
     chunk_concurrency=32, chunk_short=8, chunk_long=136, point_time_limit_s=20.0,
 )
 
@@ -183,6 +183,7 @@ class Path_:
     headers: dict[str, str]
     pid: int | None  # proxy process (None: direct)
     session: aiohttp.ClientSession | None = None
+    sent: int = 0  # requests sent on this path (the gateway must log one line for each)
 
 
 @dataclass
@@ -200,6 +201,7 @@ def body_bytes(path: Path_, max_tokens: int, stream: bool) -> bytes:
 
 async def one_request(path: Path_, body: bytes, stream: bool) -> Result:
     assert path.session is not None
+    path.sent += 1
     t0 = time.perf_counter()
     try:
         async with path.session.post(path.url, data=body, headers=path.headers) as resp:
@@ -260,6 +262,15 @@ async def closed_loop(path: Path_, n: int, concurrency: int, max_tokens: int, st
     return results, time.perf_counter() - t0, truncated
 
 
+def bootstrap_ci(a: list[float], b: list[float], reps: int = 1000) -> tuple[float, float]:
+    """95 % bootstrap interval of median(a) - median(b)."""
+    rng = np.random.default_rng(0)
+    x, y = np.asarray(a), np.asarray(b)
+    diffs = [float(np.median(rng.choice(x, x.size)) - np.median(rng.choice(y, y.size))) for _ in range(reps)]
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def errors_of(results: list[Result]) -> list[str]:
     return [r.error or "?" for r in results if not r.ok]
 
@@ -284,18 +295,38 @@ class TtftPoint:
     wall_s: float
     rps: float
     proxy_core_util: float | None  # proxy CPU seconds / wall seconds during the point
+    load_core_util: float  # (emulator + load generator) CPU seconds / wall seconds during the point
+    think_max_ms: float
     truncated: bool
     error_samples: list[str] = field(default_factory=list)
+    added_p50_ms: float | None = None  # this path's p50 minus direct's p50 (None for direct)
+    added_p50_ci95_ms: tuple[float, float] | None = None  # bootstrap 95 % interval of added_p50_ms
+    added_p99_ms: float | None = None
+    ttft_ms: list[float] = field(default_factory=list, repr=False)  # the samples, in completion order
 
 
-async def measure_ttft(paths: list[Path_], s: Settings, log: Any) -> list[TtftPoint]:
+def step_s(profile: str, running: int, context_tokens: int) -> float:
+    """The emulator's decode step time with `running` sequences (its own physics, read only)."""
+    from gateway.emulator.profiles import get_profile
+
+    p = get_profile(profile)
+    return p.tpot_1_s * (1 + p.batch_slope * (running - 1)) + p.kv_read_s_per_token * running * context_tokens
+
+
+async def measure_ttft(paths: list[Path_], s: Settings, emu_pid: int, log: Any) -> list[TtftPoint]:
+    """The emulator emits tokens in batched steps; a request that arrives mid-step waits for the next
+    one. Closed-loop clients all finish on the same step and would re-arrive at the same phase of the
+    step (the proxy's forward latency then hides inside that wait), so at concurrency > 1 each client
+    pauses uniform [0, 2 steps] before sending: arrival phases become uniform for every path."""
     points: list[TtftPoint] = []
+    me = os.getpid()
     for c in s.concurrencies:
         n = s.ttft_requests[c]
-        think = s.think_ms / 1000 if c > 1 else 0.0
+        think = s.think_steps * step_s(s.profile, c, 32 + s.ttft_max_tokens) if c > 1 else 0.0
         samples: dict[str, list[Result]] = {p.name: [] for p in paths}
         walls: dict[str, float] = {p.name: 0.0 for p in paths}
         cpu: dict[str, float] = {p.name: 0.0 for p in paths}
+        load_cpu: dict[str, float] = {p.name: 0.0 for p in paths}
         trunc: dict[str, bool] = {p.name: False for p in paths}
         for p in paths:  # warm-up: connection pools at this concurrency, caches
             await closed_loop(p, max(2 * c, 20), c, s.ttft_max_tokens, True, think, s.point_time_limit_s / 4)
@@ -303,8 +334,10 @@ async def measure_ttft(paths: list[Path_], s: Settings, log: Any) -> list[TtftPo
         for half, order in enumerate((paths, paths[::-1])):
             for p in order:
                 cpu0 = cpu_seconds(p.pid) if p.pid else 0.0
+                load0 = cpu_seconds(emu_pid) + cpu_seconds(me)
                 res, wall, tr = await closed_loop(p, n // 2, c, s.ttft_max_tokens, True, think,
                                                   s.point_time_limit_s / 2, seed=half)
+                load_cpu[p.name] += cpu_seconds(emu_pid) + cpu_seconds(me) - load0
                 if p.pid:
                     cpu[p.name] += cpu_seconds(p.pid) - cpu0
                 samples[p.name] += res
@@ -320,11 +353,20 @@ async def measure_ttft(paths: list[Path_], s: Settings, log: Any) -> list[TtftPo
                 pct(ttfts, 50) if ttfts else nan, pct(ttfts, 90) if ttfts else nan,
                 pct(ttfts, 99) if ttfts else nan, statistics.fmean(ttfts) if ttfts else nan,
                 walls[p.name], len(res) / walls[p.name] if walls[p.name] else 0.0,
-                cpu[p.name] / walls[p.name] if p.pid and walls[p.name] else None, trunc[p.name], errs[:3],
+                cpu[p.name] / walls[p.name] if p.pid and walls[p.name] else None,
+                load_cpu[p.name] / walls[p.name] if walls[p.name] else 0.0, 1000 * think, trunc[p.name], errs[:3],
+                ttft_ms=[round(x, 4) for x in ttfts],
             )
+            if p.pid is not None and ttfts:
+                direct = next(t for t in points if t.path == "direct" and t.concurrency == c)
+                if direct.ttft_ms:
+                    point.added_p50_ms = point.p50_ms - direct.p50_ms
+                    point.added_p99_ms = point.p99_ms - direct.p99_ms
+                    point.added_p50_ci95_ms = bootstrap_ci(point.ttft_ms, direct.ttft_ms)
             points.append(point)
             log(f"  ttft c={c:<4} {p.name:<8} n={point.n:<5} err={point.errors:<3} p50={point.p50_ms:8.3f} ms "
                 f"p99={point.p99_ms:8.3f} ms  {point.rps:7.1f} req/s"
+                + f"  load core {100 * point.load_core_util:.0f}%"
                 + (f"  proxy core {100 * point.proxy_core_util:.0f}%" if point.proxy_core_util is not None else "")
                 + ("  TRUNCATED (time limit)" if point.truncated else ""))
     return points
@@ -337,6 +379,8 @@ class CpuRun:
     n: int
     errors: int
     cpu_s: float
+    tick_cpu_s: float  # the same from /proc/PID/stat (10 ms ticks, includes exited threads)
+    threads: int
     wall_s: float
     content_chunks_per_req: float
 
@@ -346,12 +390,13 @@ async def cpu_batch(p: Path_, kind: str, n: int, c: int, max_tokens: int, stream
     assert p.pid is not None
     await closed_loop(p, max(c, 20), c, max_tokens, stream, 0.0, limit_s / 4)  # warm the pools
     await asyncio.sleep(0.2)
-    cpu0 = cpu_seconds(p.pid)
+    cpu0, tick0 = cpu_seconds(p.pid), tick_cpu_seconds(p.pid)
     res, wall, _ = await closed_loop(p, n, c, max_tokens, stream, 0.0, limit_s)
-    cpu = cpu_seconds(p.pid) - cpu0
+    cpu, tick = cpu_seconds(p.pid) - cpu0, tick_cpu_seconds(p.pid) - tick0
     ok = [r for r in res if r.ok]
     chunks = statistics.fmean(r.content_chunks for r in ok) if ok else 0.0
-    return CpuRun(p.name, kind, len(res), len(res) - len(ok), cpu, wall, chunks)
+    threads = psutil.Process(p.pid).num_threads()
+    return CpuRun(p.name, kind, len(res), len(res) - len(ok), cpu, tick, threads, wall, chunks)
 
 
 async def measure_cpu(proxies: list[Path_], s: Settings, log: Any) -> list[CpuRun]:
@@ -363,7 +408,7 @@ async def measure_cpu(proxies: list[Path_], s: Settings, log: Any) -> list[CpuRu
             runs.append(r)
             log(f"  cpu/request  rep {rep + 1} {p.name:<8} n={r.n} err={r.errors} "
                 f"{1e6 * r.cpu_s / max(r.n, 1):8.1f} us/req  ({r.wall_s:.1f} s)")
-            short = await cpu_batch(p, "stream_short", s.chunk_concurrency, s.chunk_concurrency, s.chunk_short,
+            short = await cpu_batch(p, "stream_short", 2 * s.chunk_concurrency, s.chunk_concurrency, s.chunk_short,
                                     True, s.point_time_limit_s)
             long = await cpu_batch(p, "stream_long", s.chunk_concurrency, s.chunk_concurrency, s.chunk_long,
                                    True, s.point_time_limit_s)
@@ -439,16 +484,18 @@ def render(result: dict[str, Any]) -> tuple[str, str]:
         for name in ("bare", "gateway"):
             t = ttft[(name, c)]
             util = f"{100 * t['proxy_core_util']:.0f}%" if t["proxy_core_util"] is not None else "-"
-            rows.append([f"added TTFT c={c}", name, f"{t['p50_ms'] - d['p50_ms']:+.3f} ms",
-                         f"{t['p99_ms'] - d['p99_ms']:+.3f} ms",
+            lo, hi = t["added_p50_ci95_ms"] or (float("nan"), float("nan"))
+            rows.append([f"added TTFT c={c}", name, f"{t['added_p50_ms']:+.3f} ms [{lo:+.2f}, {hi:+.2f}]",
+                         f"{t['added_p99_ms']:+.3f} ms",
                          f"direct p50 {d['p50_ms']:.2f} / p99 {d['p99_ms']:.2f} ms; n={t['n']}, "
-                         f"err={t['errors']}, {t['rps']:.0f} req/s, proxy core {util}"])
+                         f"err={t['errors']}, {t['rps']:.0f} req/s, proxy core {util}, "
+                         f"load core {100 * t['load_core_util']:.0f}%"])
     b, g = cpu["bare"], cpu["gateway"]
     rows.append(["CPU per request (non-stream)", "bare | gateway", f"{b['cpu_us_per_request']:.0f} us",
                  f"{g['cpu_us_per_request']:.0f} us", f"ratio {checks['cpu_per_request_ratio']['value']:.2f}x"])
     rows.append(["CPU per SSE chunk", "bare | gateway", f"{b['cpu_us_per_chunk']:.2f} us",
                  f"{g['cpu_us_per_chunk']:.2f} us", f"ratio {checks['cpu_per_chunk_ratio']['value']:.2f}x"])
-    head = ["measure", "path", "p50 / bare", "p99 / gateway", "notes"]
+    head = ["measure", "path", "p50 [95% CI] / bare", "p99 / gateway", "notes"]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = "  ".join
     term = [line(h.ljust(w) for h, w in zip(head, widths)), line("-" * w for w in widths)]
@@ -456,7 +503,7 @@ def render(result: dict[str, Any]) -> tuple[str, str]:
     term.append("")
     for name, chk in checks.items():
         term.append(f"{'PASS' if chk['pass'] else 'FAIL'}  {name}: {chk['value']:.3f} (target <= {chk['target']})")
-    md = ["| measure | path | p50 (or bare) | p99 (or gateway) | notes |", "| --- | --- | --- | --- | --- |"]
+    md = ["| measure | path | p50 [95% CI] (or bare) | p99 (or gateway) | notes |", "| --- | --- | --- | --- | --- |"]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     md += ["", "| target | value | limit | result |", "| --- | --- | --- | --- |"]
     md += [f"| {n} | {c['value']:.3f} | <= {c['target']} | {'PASS' if c['pass'] else 'FAIL'} |"
@@ -514,13 +561,15 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
         idle = await idle_cpu(paths[1:], 1.0)
         log(f"idle CPU: " + ", ".join(f"{k} {v:.2f} ms/s" for k, v in idle.items()))
         log("TTFT (streaming chat, ignore_eos, max_tokens=%d):" % s.ttft_max_tokens)
-        ttft = await measure_ttft(paths, s, log)
+        ttft = await measure_ttft(paths, s, emu.pid, log)
         procs.check_alive()
         log("CPU in the proxy process (median of %d reps):" % s.cpu_reps)
         runs = await measure_cpu(paths[1:], s, log)
         procs.check_alive()
 
     gw_lines = sum(1 for _ in gw_log.open("rb")) if gw_log.exists() else 0
+    if gw_lines != paths[2].sent:
+        log(f"WARNING: the gateway logged {gw_lines} request lines for {paths[2].sent} requests sent")
     cpu = {name: cpu_summary(runs, name) for name in ("bare", "gateway")}
     tt = {(t.path, t.concurrency): t for t in ttft}
     added_c32 = tt[("gateway", 32)].p50_ms - tt[("direct", 32)].p50_ms if 32 in s.concurrencies else float("nan")
@@ -534,7 +583,7 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
         "benchmark": "proxy_overhead", "machine": machine(), "settings": asdict(s), "pinned": pin,
         "pinning": {"proxy_cpus": sorted(proxy_cpus or []), "emulator_and_loadgen_cpus": sorted(load_cpus or [])},
         "idle_cpu_ms_per_s": idle, "ttft": [asdict(t) for t in ttft], "cpu_runs": [asdict(r) for r in runs],
-        "cpu": cpu, "checks": checks, "gateway_log_lines": gw_log.exists() and gw_lines,
+        "cpu": cpu, "checks": checks, "gateway_log_lines": gw_lines, "gateway_requests_sent": paths[2].sent,
     }
 
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
 
-DEFAULT_ROUTES = "routes/emulator.yaml"
-DEFAULT_POLICIES = "policies/default.yaml"
+DEFAULT_ROUTES = "routes/local.yaml"
+DEFAULT_POLICIES = "policies/local.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8080)
     up.add_argument("--log-file", type=Path)
+    up.add_argument("--backend-logs", type=Path, default=Path(".gateway/logs"),
+                    help="folder for each local backend's output (NAME.log)")
     up.set_defaults(handler=_up)
 
     emulate = commands.add_parser("emulate", help="run an OpenAI-compatible backend emulator")
@@ -101,7 +103,7 @@ def _up(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     _log_stream(args.log_file)
-    return up(config, args.host, args.port, str(args.log_file or "stdout"))
+    return up(config, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
 
 
 def _emulate(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -39,13 +40,18 @@ def launch_command(replica: Replica) -> list[str]:
     raise ValueError(f"replica {replica.name} has no launch block")
 
 
-def start_children(routes: RoutesConfig) -> list[Child]:
+def start_children(routes: RoutesConfig, log_dir: Path | None = None) -> list[Child]:
+    """Start every replica with a `launch` block; each one's output goes to LOG_DIR/NAME.log (or is dropped)."""
     children = []
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
     for tier in routes.tiers:
         for replica in tier.replicas:
             if replica.launch is None:
                 continue
-            process = subprocess.Popen(launch_command(replica), start_new_session=True)
+            command = launch_command(replica)
+            with open(log_dir / f"{replica.name}.log", "ab") if log_dir else open(os.devnull, "wb") as output:
+                process = subprocess.Popen(command, start_new_session=True, stdout=output, stderr=subprocess.STDOUT)
             children.append(Child(replica.name, process, f"{replica.url}/models"))
     return children
 

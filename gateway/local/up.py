@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 from gateway import server
 from gateway.app import create_app
@@ -25,10 +26,10 @@ Models: {models}. Request log lines go to {log}. Ctrl-C stops everything.
 """
 
 
-def up(config: GatewayConfig, host: str, port: int, log_target: str = "stdout") -> int:
-    children = start_children(config.routes)
+def up(config: GatewayConfig, host: str, port: int, log_target: str, backend_logs: Path) -> int:
+    children = start_children(config.routes, backend_logs)
     try:
-        server.run(_serve(config, host, port, children, log_target))
+        server.run(_serve(config, host, port, children, log_target, backend_logs))
     except RuntimeError as err:
         print(f"gateway up failed: {err}", file=sys.stderr)
         return 1
@@ -37,9 +38,11 @@ def up(config: GatewayConfig, host: str, port: int, log_target: str = "stdout") 
     return 0
 
 
-async def _serve(config: GatewayConfig, host: str, port: int, children: list[Child], log_target: str) -> None:
+async def _serve(
+    config: GatewayConfig, host: str, port: int, children: list[Child], log_target: str, backend_logs: Path
+) -> None:
     stop = server.stop_on_signals()  # first: a signal during start-up must still stop the children
-    print(f"starting {len(children)} local backend(s)...", file=sys.stderr)
+    print(f"starting {len(children)} local backend(s); their logs: {backend_logs}/", file=sys.stderr)
     healthy = asyncio.ensure_future(wait_healthy(children))
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait((healthy, stopped), return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,90 @@
+"""The real path: the gateway in front of real llama.cpp servers (Gemma 3 270M, Q4_K_M and F16)."""
+
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import pytest
+from openai import AsyncOpenAI
+from structlog.testing import capture_logs
+
+from gateway.config import GatewayConfig, PolicyConfig, RoutesConfig
+from gateway.local.children import start_children, stop_children, wait_healthy
+from gateway.testing import TEST_API_KEY, gateway_config
+from tests.conftest import StartGateway
+
+MESSAGES = [{"role": "user", "content": "Name three colours."}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def local_routes() -> Iterator[RoutesConfig]:
+    """Two llama.cpp servers for the whole module: one per tier, one thread each."""
+    tiers = []
+    for name, model, precision in (("small-q4", "gemma3-270m-q4_k_m", "int4"), ("large-f16", "gemma3-270m-f16", "fp16")):
+        tiers.append({
+            "name": name, "precision": precision, "context_window": 2048,
+            "prices": {"input_per_mtok": 0.05, "output_per_mtok": 0.5},
+            "tokenizer": "gguf:gemma3-270m-q4_k_m",
+            "replicas": [{"name": f"{name}-a", "url": f"http://127.0.0.1:{free_port()}/v1", "model": model,
+                          "launch": {"kind": "llama_cpp", "model": model, "n_threads": 1, "n_ctx": 1024}}],
+        })
+    routes = RoutesConfig.model_validate({"tiers": tiers})
+    children = start_children(routes)
+    try:
+        asyncio.run(wait_healthy(children, timeout_s=120))
+        yield routes
+    finally:
+        stop_children(children)
+
+
+@pytest.fixture
+async def client(local_routes: RoutesConfig, start_gateway: StartGateway) -> AsyncOpenAI:
+    base = gateway_config(list(local_routes.tiers))
+    config = GatewayConfig.build(local_routes, PolicyConfig.model_validate(base.policy.model_dump()))
+    return AsyncOpenAI(base_url=f"{await start_gateway(config)}/v1", api_key=TEST_API_KEY)
+
+
+def request_line(logs: list[dict]) -> dict:
+    [line] = [entry for entry in logs if entry["event"] == "request"]
+    return line
+
+
+@pytest.mark.parametrize("model", ["auto", "small-q4", "large-f16"])
+async def test_non_streaming_chat_real_text_and_usage(client: AsyncOpenAI, model: str) -> None:
+    with capture_logs() as logs:
+        raw = await client.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, max_tokens=6)
+    answer = raw.parse()
+    assert answer.choices[0].message.content and answer.choices[0].message.content.strip()
+    assert answer.usage is not None and answer.usage.completion_tokens == 6
+    assert raw.headers["x-gateway-tier"] == ("small-q4" if model == "auto" else model)
+    line = request_line(logs)
+    assert (line["usage_source"], line["prompt_tokens"], line["completion_tokens"]) == (
+        "backend", answer.usage.prompt_tokens, 6)
+    assert line["cost_usd"] == pytest.approx((answer.usage.prompt_tokens * 0.05 + 6 * 0.5) / 1e6)
+
+
+@pytest.mark.parametrize("model", ["auto", "large-f16"])
+async def test_streaming_chat_counts_tokens_llama_cpp_does_not_report(client: AsyncOpenAI, model: str) -> None:
+    with capture_logs() as logs:
+        stream = await client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6, stream=True)
+        chunks = [chunk async for chunk in stream]
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces).strip()
+    line = request_line(logs)
+    assert line["usage_source"] == "counted"  # llama-cpp-python sends no usage chunk when streaming
+    assert line["completion_tokens"] == len(pieces) == 6
+    assert line["prompt_tokens"] > 0 and line["cost_usd"] > 0
+    assert 0 < line["ttft_ms"] <= line["e2e_ms"] and line["tpot_ms"] > 0
+
+
+async def test_streaming_completions_on_the_small_tier(client: AsyncOpenAI) -> None:
+    stream = await client.completions.create(model="small-q4", prompt="The capital of France is", max_tokens=4,
+                                             stream=True)
+    text = "".join([c.choices[0].text async for c in stream if c.choices])
+    assert text.strip()
