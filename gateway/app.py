@@ -12,12 +12,13 @@ from gateway.backends.pool import ReplicaPool
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.stages.account import Accountant
+from gateway.stages.classify import ClassifyStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
 from gateway.stages.route import RouteStage
 from gateway.tokens import TokenCounters
-from gateway.types import Stage
+from gateway.types import DifficultyScorer, Stage
 
 BODY_CEILING = 64 * 1024 * 1024  # hard cap; the policy's max_body_bytes is the real limit
 
@@ -36,7 +37,8 @@ class Gateway:
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
-def create_app(config: GatewayConfig) -> web.Application:
+def create_app(config: GatewayConfig, scorer: DifficultyScorer | None = None) -> web.Application:
+    """The gateway app; `scorer` rates prompt difficulty for model 'auto' (None: always the default tier)."""
     from gateway import http  # the handlers import GATEWAY from here
 
     metrics, counters = GatewayMetrics(), TokenCounters()
@@ -49,7 +51,10 @@ def create_app(config: GatewayConfig) -> web.Application:
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-            gateway.stages = (ParseStage(), PolicyStage(), RouteStage(gateway.pool), ProxyStage(session, gateway.pool))
+            gateway.stages = (
+                ParseStage(), PolicyStage(), ClassifyStage(scorer), RouteStage(gateway.pool),
+                ProxyStage(session, gateway.pool),
+            )
             yield
 
     app.cleanup_ctx.append(upstream_session)

@@ -26,6 +26,7 @@ class RequestContext:
     tenant: Tenant | None = None
     max_tokens: int | None = None
 
+    difficulty: float | None = None  # the classifier's score, for model 'auto'
     tier: Tier | None = None
     candidates: tuple[Replica, ...] = ()
     replica: Replica | None = None

@@ -15,8 +15,7 @@ from gateway.app import GATEWAY, Gateway
 from gateway.context import RequestContext
 from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UpstreamError, error_body
 from gateway.pipeline import run_stages
-from gateway.stages.route import AUTO
-from gateway.types import CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
+from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
 
 JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -109,6 +108,8 @@ def _headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> dict[s
         headers["x-gateway-tier"] = ctx.tier.name
     if ctx.replica is not None:
         headers["x-gateway-backend"] = ctx.replica.name
+    if ctx.difficulty is not None:
+        headers["x-gateway-difficulty"] = f"{ctx.difficulty:.4f}"
     if extra:
         headers.update(extra)
     return headers
@@ -125,7 +126,7 @@ def _error(ctx: RequestContext, err: GatewayError, outcome: Outcome) -> web.Resp
 async def models(request: web.Request) -> web.Response:
     gateway: Gateway = request.app[GATEWAY]
     created = int(gateway.config.loaded_at)
-    names = [AUTO, *gateway.config.tiers]
+    names = [AUTO_MODEL, *gateway.config.tiers]
     data = [{"id": n, "object": "model", "created": created, "owned_by": "gateway"} for n in names]
     return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=JSON)
 

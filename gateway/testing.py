@@ -35,3 +35,19 @@ def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = 
     }
     routes = RoutesConfig.model_validate({"tiers": [t.model_dump() for t in tiers], "upstream": upstream or {}})
     return GatewayConfig.build(routes, PolicyConfig.model_validate(policy_data))
+
+
+class TableScorer:
+    """A DifficultyScorer for tests: the difficulty given for a prompt, else `default`; may raise."""
+
+    def __init__(self, table: Mapping[str, float], default: float = 0.0, error: Exception | None = None) -> None:
+        self.table = dict(table)
+        self.default = default
+        self.error = error
+        self.calls: list[str] = []
+
+    async def score(self, text: str) -> float:
+        self.calls.append(text)
+        if self.error is not None:
+            raise self.error
+        return self.table.get(text, self.default)

@@ -14,6 +14,7 @@ UsageSource = Literal["backend", "counted"]
 Outcome = Literal["ok", "rejected", "upstream_error", "client_disconnected", "internal_error"]
 
 CLIENT_CLOSED_STATUS = 499  # nginx's code for "client closed the request"
+AUTO_MODEL = "auto"  # the virtual model: the gateway picks the tier
 
 
 @dataclass(slots=True)
@@ -52,3 +53,9 @@ class Stage(Protocol):
 
 class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
+
+
+class DifficultyScorer(Protocol):
+    """Scores how hard a prompt is for the small tier, in [0, 1]."""
+
+    async def score(self, text: str) -> float: ...

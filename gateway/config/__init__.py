@@ -45,6 +45,11 @@ class GatewayConfig:
                 [ConfigIssue("policy", None, "default_tier", repr(policy.default_tier),
                              f"no such tier in routes (have {', '.join(tiers)})")]
             )
+        bands = policy.routing.bands if policy.routing else ()
+        for i, band in enumerate(bands):
+            if band.tier not in tiers:
+                raise ConfigError([ConfigIssue("policy", None, f"routing.bands[{i}].tier", repr(band.tier),
+                                               f"no such tier in routes (have {', '.join(tiers)})")])
         by_hash = {t.api_key_sha256: t for t in policy.tenants}
         return cls(routes, policy, tiers, by_hash, version, time.time())
 

@@ -20,6 +20,38 @@ class MaxTokens(Frozen):
         return self
 
 
+class Band(Frozen):
+    """Difficulty below `below` (the last band: up to 1.0 inclusive) routes to `tier`."""
+
+    tier: str = Field(min_length=1)
+    below: float | None = Field(default=None, gt=0.0, le=1.0)
+
+
+class Routing(Frozen):
+    """How model "auto" picks a tier: the classifier's difficulty in [0, 1], cut into bands."""
+
+    classifier: str = Field(default="models/difficulty", description="folder of a trained difficulty model")
+    bands: tuple[Band, ...] = Field(min_length=1)
+
+    @field_validator("bands")
+    @classmethod
+    def _ordered_and_closed(cls, bands: tuple[Band, ...]) -> tuple[Band, ...]:
+        cuts = [band.below for band in bands[:-1]]
+        if any(cut is None for cut in cuts):
+            raise ValueError("every band but the last needs `below`")
+        if cuts != sorted(set(cuts)):  # type: ignore[type-var]
+            raise ValueError(f"`below` must increase from band to band, got {cuts}")
+        if bands[-1].below not in (None, 1.0):
+            raise ValueError("the last band must reach 1.0: leave out its `below`")
+        return bands
+
+    def tier_for(self, difficulty: float) -> str:
+        for band in self.bands:
+            if band.below is not None and difficulty < band.below:
+                return band.tier
+        return self.bands[-1].tier
+
+
 class Tenant(Frozen):
     name: str = Field(min_length=1)
     api_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the API key")
@@ -33,6 +65,7 @@ class PolicyConfig(Frozen):
         default=False, description="requests without an API key run as tenant 'anonymous'"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    routing: Routing | None = Field(default=None, description="classifier bands; without them auto = default_tier")
     tenants: tuple[Tenant, ...] = ()
 
     @field_validator("tenants")

@@ -40,6 +40,7 @@ class Accountant:
             ts=datetime.fromtimestamp(ctx.ts, UTC).isoformat(timespec="milliseconds"),
             tenant=ctx.tenant_name,
             model_requested=ctx.model_requested,
+            difficulty=None if ctx.difficulty is None else round(ctx.difficulty, 4),
             tier=tier,
             backend=ctx.replica.name if ctx.replica else None,
             status=ctx.status,

@@ -1,13 +1,12 @@
-"""Route: the requested model names a tier (or 'auto', the policy's default); rank its replicas."""
+"""Route: the requested model names a tier; 'auto' takes the difficulty band's tier (or the default)."""
 
 from __future__ import annotations
 
 from gateway.backends.pool import ReplicaPool
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, UnknownModel
-from gateway.types import Reply
+from gateway.types import AUTO_MODEL, Reply
 
-AUTO = "auto"
 
 
 class RouteStage:
@@ -17,9 +16,9 @@ class RouteStage:
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         config = ctx.config
         model = ctx.model_requested
-        tier = config.tiers.get(config.policy.default_tier if model == AUTO else model or "")
+        tier = config.tiers.get(_auto_tier(ctx) if model == AUTO_MODEL else model or "")
         if tier is None:
-            names = ", ".join([AUTO, *config.tiers])
+            names = ", ".join([AUTO_MODEL, *config.tiers])
             raise UnknownModel(f"the model {model!r} does not exist; use one of: {names}", param="model")
         if ctx.max_tokens is not None and ctx.max_tokens > tier.context_window:
             raise InvalidRequest(
@@ -30,3 +29,10 @@ class RouteStage:
         ctx.tier = tier
         ctx.candidates = self._pool.rank(tier)
         return None
+
+
+def _auto_tier(ctx: RequestContext) -> str:
+    routing = ctx.config.policy.routing
+    if routing is None or ctx.difficulty is None:
+        return ctx.config.policy.default_tier
+    return routing.tier_for(ctx.difficulty)
