@@ -9,9 +9,16 @@ import aiohttp
 from aiohttp import web
 
 from gateway.backends.pool import ReplicaPool
+from gateway.backends.affinity import Affinity
+from gateway.cache.background import BackgroundWrites
+from gateway.cache.connection import connect
+from gateway.cache.guard import RedisGuard
+from gateway.cache.prefix import PrefixStore
+from gateway.cache.responses import ResponseCache
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.stages.account import Accountant
+from gateway.stages.cache import CacheStage
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
@@ -32,13 +39,17 @@ class Gateway:
     metrics: GatewayMetrics
     pool: ReplicaPool
     stages: tuple[Stage, ...] = field(default=())
+    redis: RedisGuard | None = None
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
-def create_app(config: GatewayConfig, scorer: DifficultyScorer | None = None) -> web.Application:
-    """The gateway app; `scorer` rates prompt difficulty for model 'auto' (None: always the default tier)."""
+def create_app(
+    config: GatewayConfig, scorer: DifficultyScorer | None = None, redis_url: str | None = None
+) -> web.Application:
+    """The gateway app. `scorer` rates prompt difficulty for model 'auto' (None: always the default tier);
+    `redis_url` enables the caches (None: no Redis, nothing cached)."""
     from gateway import http  # the handlers import GATEWAY from here
 
     metrics, counters = GatewayMetrics(), TokenCounters()
@@ -48,15 +59,26 @@ def create_app(config: GatewayConfig, scorer: DifficultyScorer | None = None) ->
     app = web.Application(client_max_size=BODY_CEILING)
     app[GATEWAY] = gateway
 
-    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
+    async def resources(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+            responses, affinity, writes = None, None, BackgroundWrites()
+            if redis_url:
+                timeout_s = config.routes.redis.op_timeout_ms / 1000
+                gateway.redis = RedisGuard(connect(redis_url), op_timeout_s=timeout_s, registry=metrics.registry)
+                responses = ResponseCache(gateway.redis, writes)
+                affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
             gateway.stages = (
-                ParseStage(), PolicyStage(), ClassifyStage(scorer), RouteStage(gateway.pool),
-                ProxyStage(session, gateway.pool),
+                ParseStage(), PolicyStage(), ClassifyStage(scorer), RouteStage(gateway.pool, affinity),
+                CacheStage(responses), ProxyStage(session, gateway.pool),
             )
-            yield
+            try:
+                yield
+            finally:
+                await writes.drain()
+                if gateway.redis is not None:
+                    await gateway.redis.client.aclose()
 
-    app.cleanup_ctx.append(upstream_session)
+    app.cleanup_ctx.append(resources)
     http.add_routes(app)
     return app

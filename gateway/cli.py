@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -34,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--log-file", type=Path, help="append request log lines here instead of stdout")
+    _add_redis_args(serve)
     serve.set_defaults(handler=_serve)
 
     up = commands.add_parser("up", help="start the routes' local backends, then the gateway (what `make run` runs)")
@@ -43,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--log-file", type=Path)
     up.add_argument("--backend-logs", type=Path, default=Path(".gateway/logs"),
                     help="folder for each local backend's output (NAME.log)")
+    _add_redis_args(up)
     up.set_defaults(handler=_up)
 
     emulate = commands.add_parser("emulate", help="run an OpenAI-compatible backend emulator")
@@ -57,6 +60,26 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("paths", nargs="+", type=Path)
     check.set_defaults(handler=_policy_check)
     return parser
+
+
+def _add_redis_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--redis-url", help="shared Redis (default: routes file's redis.url, else an embedded server)")
+    group.add_argument("--no-redis", action="store_true", help="run without Redis: no caches, local limits")
+
+
+@contextmanager
+def _redis(args: argparse.Namespace, config: GatewayConfig) -> Iterator[str | None]:
+    """The Redis URL to use; starts (and finally stops) an embedded server when none is configured."""
+    url = args.redis_url or config.routes.redis.url
+    if args.no_redis or url:
+        yield None if args.no_redis else url
+        return
+    from gateway.local.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis(config.routes.redis.binary) as server:
+        print(f"embedded Redis on {server.url} (log: {server.log_path})", file=sys.stderr)
+        yield server.url
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -91,8 +114,9 @@ def _serve(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     _log_stream(args.log_file)
-    print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
-    server.run(server.serve_until_signal(create_app(config), args.host, args.port))
+    with _redis(args, config) as redis_url:
+        print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
+        server.run(server.serve_until_signal(create_app(config, redis_url=redis_url), args.host, args.port))
     return 0
 
 
@@ -103,7 +127,8 @@ def _up(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     _log_stream(args.log_file)
-    return up(config, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
+    with _redis(args, config) as redis_url:
+        return up(config, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs, redis_url)
 
 
 def _emulate(args: argparse.Namespace) -> int:

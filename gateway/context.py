@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import GatewayConfig, Replica, Tenant, Tier
-from gateway.types import Endpoint, Outcome, UsageSource
+from gateway.types import CacheStatus, Endpoint, Outcome, UsageSource
 
 
 @dataclass(slots=True)
@@ -29,6 +30,7 @@ class RequestContext:
     difficulty: float | None = None  # the classifier's score, for model 'auto'
     tier: Tier | None = None
     candidates: tuple[Replica, ...] = ()
+    prefix_blocks: int = 0  # blocks of the prompt's prefix known to be warm on the chosen replica
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)
@@ -40,11 +42,14 @@ class RequestContext:
     completion_tokens: int | None = None
     usage_source: UsageSource | None = None
     output_chunks: int = 0  # streamed chunks with content: one token each on llama.cpp and vLLM
-    response_text: str | None = None  # a non-streamed answer the backend gave no usage for
+    response_text: str | None = None  # the answer's text: non-streamed, or streamed while caching
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
     queue_ms: float = 0.0
+    cache: CacheStatus = "off"
+    cache_key: str | None = None  # set on a miss that may be stored
+    finishers: list[Callable[[RequestContext], None]] = field(default_factory=list)  # after accounting
 
     @property
     def tenant_name(self) -> str:

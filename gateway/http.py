@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 import time
 
 import orjson
@@ -55,7 +56,8 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         if isinstance(reply, StreamReply):
             return await _stream(request, ctx, reply)
         ctx.status = reply.status
-        return web.Response(body=reply.body, status=reply.status, headers=_headers(ctx), content_type=JSON)
+        headers = _headers(ctx, reply.headers)
+        return web.Response(body=reply.body, status=reply.status, headers=headers, content_type=JSON)
     except GatewayError as err:
         return _error(ctx, err, "upstream_error" if isinstance(err, UpstreamError) else "rejected")
     except ConnectionResetError:
@@ -72,10 +74,11 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             reply.source.close()
         gateway.metrics.in_flight.dec()
         gateway.accountant.settle(ctx)
+        _finish(ctx)
 
 
 async def _stream(request: web.Request, ctx: RequestContext, reply: StreamReply) -> web.StreamResponse:
-    response = web.StreamResponse(headers=_headers(ctx, SSE_HEADERS))
+    response = web.StreamResponse(headers=_headers(ctx, {**SSE_HEADERS, **reply.headers}))
     ctx.status = 200
     await response.prepare(request)
     async for chunk in reply.source.chunks():
@@ -102,7 +105,16 @@ def _bearer(request: web.Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def _headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> dict[str, str]:
+def _finish(ctx: RequestContext) -> None:
+    """Run what stages left for after the answer (cache stores); a failure there is only logged."""
+    for finish in ctx.finishers:
+        try:
+            finish(ctx)
+        except Exception:
+            log.exception("finisher_failed", request_id=ctx.request_id)
+
+
+def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     headers = {"x-request-id": ctx.request_id}
     if ctx.tier is not None:
         headers["x-gateway-tier"] = ctx.tier.name
@@ -138,8 +150,9 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     ready = bool(gateway.stages)
+    redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
     body = {"status": "ready" if ready else "starting", "config_version": gateway.config.version,
-            "tiers": list(gateway.config.tiers)}
+            "tiers": list(gateway.config.tiers), "redis": redis}
     return web.Response(body=orjson.dumps(body), status=200 if ready else 503, content_type=JSON)
 
 

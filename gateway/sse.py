@@ -28,11 +28,12 @@ class StreamTally:
     usage: dict[str, Any] | None = None
     done: bool = False
     malformed: int = 0
+    text: list[str] | None = None  # the content pieces, when collecting (for the response cache)
 
 
 class SseScanner:
-    def __init__(self, endpoint: Endpoint, *, forward_usage: bool) -> None:
-        self.tally = StreamTally()
+    def __init__(self, endpoint: Endpoint, *, forward_usage: bool, collect_text: bool = False) -> None:
+        self.tally = StreamTally(text=[] if collect_text else None)
         self._content_key = "delta" if endpoint == "chat" else None
         self._forward_usage = forward_usage
         self._pending = b""
@@ -97,6 +98,8 @@ class SseScanner:
         tally = self.tally
         if content:
             tally.content_chunks += 1
+            if tally.text is not None and isinstance(content, str):
+                tally.text.append(content)
             if tally.first_token_at is None:
                 tally.first_token_at = time.perf_counter()
         reason = choice.get("finish_reason")

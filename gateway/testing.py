@@ -24,8 +24,11 @@ def tier(name: str, urls: Sequence[str], *, precision: str = "int4", input_per_m
 
 
 def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = None,
-                   upstream: Mapping[str, Any] | None = None) -> GatewayConfig:
-    """A config over `tiers`; the first is the default; TEST_API_KEY belongs to TEST_TENANT."""
+                   upstream: Mapping[str, Any] | None = None, redis_op_timeout_ms: float = 250.0) -> GatewayConfig:
+    """A config over `tiers`; the first is the default; TEST_API_KEY belongs to TEST_TENANT.
+
+    Redis calls get a generous budget: tests assert behaviour, and a loaded CI machine must not
+    turn a slow GET into a cache miss (production keeps the default of a few ms)."""
     key_hash = hashlib.sha256(TEST_API_KEY.encode()).hexdigest()
     policy_data: dict[str, Any] = {
         "default_tier": tiers[0].name,
@@ -33,7 +36,8 @@ def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = 
         "tenants": [{"name": TEST_TENANT, "api_key_sha256": key_hash}],
         **(policy or {}),
     }
-    routes = RoutesConfig.model_validate({"tiers": [t.model_dump() for t in tiers], "upstream": upstream or {}})
+    routes = RoutesConfig.model_validate({"tiers": [t.model_dump() for t in tiers], "upstream": upstream or {},
+                                          "redis": {"op_timeout_ms": redis_op_timeout_ms}})
     return GatewayConfig.build(routes, PolicyConfig.model_validate(policy_data))
 
 

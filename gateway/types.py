@@ -10,7 +10,8 @@ if TYPE_CHECKING:
     from gateway.context import RequestContext
 
 Endpoint = Literal["chat", "completions"]
-UsageSource = Literal["backend", "counted"]
+UsageSource = Literal["backend", "counted", "cache"]
+CacheStatus = Literal["off", "bypass", "miss", "hit", "semantic_hit"]
 Outcome = Literal["ok", "rejected", "upstream_error", "client_disconnected", "internal_error"]
 
 CLIENT_CLOSED_STATUS = 499  # nginx's code for "client closed the request"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 
 import pytest
@@ -13,6 +13,7 @@ from gateway.config import GatewayConfig
 from gateway.emulator.faults import FaultConfig
 from gateway.emulator.harness import RunningEmulator, serve_emulator
 from gateway.emulator.profiles import get_profile
+from gateway.local.redis_server import EmbeddedRedis
 from gateway.server import running
 
 StartEmulator = Callable[..., Awaitable[RunningEmulator]]
@@ -52,6 +53,24 @@ def start_gateway(start_app: StartApp) -> StartGateway:
         return await start_app(create_app(config))
 
     return start
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    """One real Redis server (the embedded default) for the session."""
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    """The session's Redis, emptied for this test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
 
 
 def v1(urls: Sequence[str]) -> list[str]:

@@ -64,6 +64,10 @@ class SseRelay:
         ctx.first_token_at = tally.first_token_at
         ctx.finish_reason = tally.finish_reason
         ctx.output_chunks = tally.content_chunks
+        if tally.text is not None:
+            ctx.response_text = "".join(tally.text)
+        if tally.malformed and ctx.error is None:
+            ctx.error = "upstream_malformed_events"  # forwarded without them; never cached
         apply_usage(ctx, tally.usage)
         if tally.done:
             self._response.release()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.routes import Frozen
@@ -52,10 +54,29 @@ class Routing(Frozen):
         return self.bands[-1].tier
 
 
+class SemanticRule(Frozen):
+    """Serve a cached answer to a paraphrase: cosine similarity of the prompts' embeddings >= threshold."""
+
+    threshold: float = Field(default=0.95, gt=0.0, le=1.0)
+
+
+class CacheRule(Frozen):
+    """When answers are cached in Redis and replayed."""
+
+    enabled: bool = True
+    mode: Literal["deterministic", "always"] = Field(
+        default="deterministic", description="deterministic: only requests with temperature 0 or a seed"
+    )
+    ttl_s: int = Field(default=3600, ge=1)
+    shared: bool = Field(default=False, description="serve one tenant's cached answers to other tenants")
+    semantic: SemanticRule | None = None
+
+
 class Tenant(Frozen):
     name: str = Field(min_length=1)
     api_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the API key")
     max_tokens: MaxTokens | None = None
+    cache: CacheRule | None = None
 
 
 class PolicyConfig(Frozen):
@@ -65,6 +86,7 @@ class PolicyConfig(Frozen):
         default=False, description="requests without an API key run as tenant 'anonymous'"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    cache: CacheRule = CacheRule()
     routing: Routing | None = Field(default=None, description="classifier bands; without them auto = default_tier")
     tenants: tuple[Tenant, ...] = ()
 

@@ -82,9 +82,18 @@ class Upstream(Frozen):
     max_attempts: int = Field(default=3, ge=1, le=10)
 
 
+class RedisSettings(Frozen):
+    """Shared state. Without `url`, `gateway serve` / `up` start an embedded Redis server."""
+
+    url: str | None = Field(default=None, description="redis://, rediss://, redis+sentinel://, redis+cluster://")
+    binary: str | None = Field(default=None, description="redis-server for the embedded one (default: found)")
+    op_timeout_ms: float = Field(default=5.0, gt=0, description="budget of one Redis call on the request path")
+
+
 class RoutesConfig(Frozen):
     tiers: tuple[Tier, ...] = Field(min_length=1)
     upstream: Upstream = Upstream()
+    redis: RedisSettings = RedisSettings()
 
     @field_validator("tiers")
     @classmethod

@@ -26,10 +26,11 @@ Models: {models}. Request log lines go to {log}. Ctrl-C stops everything.
 """
 
 
-def up(config: GatewayConfig, host: str, port: int, log_target: str, backend_logs: Path) -> int:
+def up(config: GatewayConfig, host: str, port: int, log_target: str, backend_logs: Path,
+       redis_url: str | None) -> int:
     children = start_children(config.routes, backend_logs)
     try:
-        server.run(_serve(config, host, port, children, log_target, backend_logs))
+        server.run(_serve(config, host, port, children, log_target, backend_logs, redis_url))
     except RuntimeError as err:
         print(f"gateway up failed: {err}", file=sys.stderr)
         return 1
@@ -39,7 +40,8 @@ def up(config: GatewayConfig, host: str, port: int, log_target: str, backend_log
 
 
 async def _serve(
-    config: GatewayConfig, host: str, port: int, children: list[Child], log_target: str, backend_logs: Path
+    config: GatewayConfig, host: str, port: int, children: list[Child], log_target: str, backend_logs: Path,
+    redis_url: str | None,
 ) -> None:
     stop = server.stop_on_signals()  # first: a signal during start-up must still stop the children
     print(f"starting {len(children)} local backend(s); their logs: {backend_logs}/", file=sys.stderr)
@@ -53,4 +55,4 @@ async def _serve(
     healthy.result()
     models = ", ".join(["auto", *config.tiers])
     print(EXAMPLE.format(host=host, port=port, models=models, log=log_target), file=sys.stderr)
-    await server.serve_until_signal(create_app(config), host, port, stop)
+    await server.serve_until_signal(create_app(config, redis_url=redis_url), host, port, stop)

@@ -27,7 +27,9 @@ class Accountant:
         ctx.finished_at = now = time.perf_counter()
         self._count_tokens(ctx)
         prompt, completion = ctx.prompt_tokens or 0, ctx.completion_tokens or 0
-        cost = cost_usd(ctx.tier.prices, prompt, completion) if ctx.tier and ctx.upstream_started else 0.0
+        priced = cost_usd(ctx.tier.prices, prompt, completion) if ctx.tier else 0.0
+        cost = priced if ctx.upstream_started else 0.0
+        avoided = priced if ctx.cache in ("hit", "semantic_hit") else 0.0
         e2e_s = now - ctx.started
         ttft_s = ctx.first_token_at - ctx.started if ctx.first_token_at is not None else None
         tpot_s = None
@@ -55,8 +57,11 @@ class Accountant:
             e2e_ms=_ms(e2e_s),
             queue_ms=round(ctx.queue_ms, 3),
             attempts=ctx.attempts,
+            prefix_blocks=ctx.prefix_blocks,
             finish_reason=ctx.finish_reason,
+            cache=ctx.cache,
             cost_usd=cost,
+            avoided_cost_usd=avoided,
         )
         self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
 
@@ -66,9 +71,7 @@ class Accountant:
             return
         counter = self._counters.for_spec(ctx.tier.tokenizer)
         ctx.prompt_tokens = counter.count(ctx.prompt_text())
-        ctx.completion_tokens = (
-            ctx.output_chunks if ctx.response_text is None else counter.count(ctx.response_text)
-        )
+        ctx.completion_tokens = ctx.output_chunks if ctx.stream else counter.count(ctx.response_text or "")
         ctx.usage_source = "counted"
 
 

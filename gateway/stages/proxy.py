@@ -81,7 +81,7 @@ class ProxyStage:
         except BaseException:
             lease.release()
             raise
-        scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage)
+        scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage, collect_text=ctx.cache_key is not None)
         return StreamReply(SseRelay(ctx, response, scanner, first, lease.release))
 
     async def _post(
@@ -130,10 +130,9 @@ async def _settle_json(ctx: RequestContext, response: aiohttp.ClientResponse, re
         raise Retry(UpstreamError(f"backend {replica.name} sent a malformed answer")) from None
     ctx.finish_reason = choice.get("finish_reason")
     apply_usage(ctx, answer.get("usage"))
-    if ctx.usage_source is None:
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else choice.get("text")
-        ctx.response_text = text if isinstance(text, str) else ""
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    ctx.response_text = text if isinstance(text, str) else None
     return JsonReply(200, data)
 
 

@@ -1,0 +1,1 @@
+"""Redis-backed state: responses, embeddings, prefix affinity, semantic index (see each module)."""

@@ -1,0 +1,111 @@
+"""Open a Redis client from one URL: single server, TLS, Sentinel or Cluster.
+
+    redis://[[user]:password@]host:port[/db]           plain (any option redis-py's from_url knows)
+    rediss://...                                       TLS
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]
+    redis+cluster://[[user]:password@]host:port        (rediss+cluster:// for TLS)
+
+The client reconnects on its own: a command on a dead pooled connection is retried once, at once,
+on a fresh connection (a restarted server is picked up by the next command). Everything else about
+an unavailable Redis (timeouts, backoff) is `RedisGuard`'s job, so connects fail fast here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+RedisClient = Redis | RedisCluster
+Kind = Literal["single", "sentinel", "cluster"]
+SCHEMES: dict[str, tuple[Kind, bool]] = {
+    "redis": ("single", False), "rediss": ("single", True), "unix": ("single", False),
+    "redis+sentinel": ("sentinel", False), "rediss+sentinel": ("sentinel", True),
+    "redis+cluster": ("cluster", False), "rediss+cluster": ("cluster", True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """A parsed Redis URL."""
+
+    kind: Kind
+    url: str
+    hosts: tuple[tuple[str, int], ...] = ()
+    service: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    sentinel_password: str | None = None
+
+
+def _host_port(item: str, default_port: int, url: str) -> tuple[str, int]:
+    host, sep, port = item.rpartition(":") if not item.endswith("]") else (item, "", "")
+    if not sep:
+        host, port = item, str(default_port)
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ValueError(f"Cannot parse Redis URL {url!r}: bad host:port {item!r}")
+    return host, int(port)
+
+
+def parse_url(url: str) -> RedisTarget:
+    """Parse a Redis URL; raises ValueError naming the URL and the reason."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise ValueError(f"Cannot parse Redis URL {url!r}: scheme must be one of {', '.join(SCHEMES)}")
+    kind, tls = SCHEMES[scheme.lower()]
+    if kind == "single":
+        return RedisTarget(kind, url, tls=tls)
+    rest, _, query = rest.partition("?")
+    userinfo, at, hostlist = rest.rpartition("@")
+    if not at:
+        hostlist = rest
+    hostlist, _, path = hostlist.partition("/")
+    username, colon, password = userinfo.partition(":")
+    default_port = 26379 if kind == "sentinel" else 6379
+    hosts = tuple(_host_port(item, default_port, url) for item in hostlist.split(",") if item)
+    if not hosts:
+        raise ValueError(f"Cannot parse Redis URL {url!r}: no host")
+    parts = [unquote(part) for part in path.split("/") if part]
+    service, db = None, 0
+    if kind == "sentinel":
+        if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise ValueError(f"Cannot parse Redis URL {url!r}: path must be /service_name[/db]")
+        service, db = parts[0], int(parts[1]) if len(parts) == 2 else 0
+    elif parts:
+        raise ValueError(f"Cannot parse Redis URL {url!r}: a cluster URL has no path (no db in cluster mode)")
+    sentinel_password = parse_qs(query).get("sentinel_password", [None])[0]
+    return RedisTarget(kind, url, hosts, service, db, unquote(username) or None,
+                       unquote(password) if colon else None, tls, sentinel_password)
+
+
+def connect(
+    url: str, *, connect_timeout_s: float = 0.5, socket_timeout_s: float = 2.0, health_check_interval_s: int = 30,
+) -> RedisClient:
+    """A client for `url` (nothing is sent until the first command). Responses are bytes."""
+    target = parse_url(url)
+    options: dict[str, Any] = {
+        "socket_connect_timeout": connect_timeout_s, "socket_timeout": socket_timeout_s,
+        "health_check_interval": health_check_interval_s, "retry": Retry(NoBackoff(), 1),
+    }
+    if target.kind == "single":
+        return Redis.from_url(url, **options)
+    if target.kind == "cluster":
+        host, port = target.hosts[0]
+        return RedisCluster(host=host, port=port, ssl=target.tls, username=target.username,
+                            password=target.password, **options)
+    sentinel_options = {"socket_connect_timeout": connect_timeout_s, "socket_timeout": socket_timeout_s,
+                        "password": target.sentinel_password, "ssl": target.tls}
+    sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]
+    assert target.service is not None
+    client: Redis = sentinel.master_for(target.service, db=target.db, ssl=target.tls, username=target.username,
+                                        password=target.password)
+    return client

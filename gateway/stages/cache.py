@@ -1,0 +1,62 @@
+"""Cache: answer a repeated deterministic request from Redis, or arrange for its answer to be stored.
+
+Only a complete, successful answer is stored (outcome ok, finish stop or length, no malformed
+events); errors, cancelled and broken streams never are. A hit costs nothing and logs the avoided cost.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.cache.answers import CachedAnswer, Replay, json_body, sse_body
+from gateway.cache.keys import cacheable, response_key, scope_of
+from gateway.cache.responses import ResponseCache
+from gateway.context import RequestContext
+from gateway.types import JsonReply, Reply, StreamReply
+
+HIT_HEADERS = {"x-gateway-cache": "hit"}
+STORABLE_FINISH = frozenset({"stop", "length"})
+
+
+class CacheStage:
+    def __init__(self, responses: ResponseCache | None) -> None:
+        self._responses = responses
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
+        if self._responses is None or ctx.tier is None:
+            return None
+        rule = (ctx.tenant.cache if ctx.tenant else None) or ctx.config.policy.cache
+        if not cacheable(ctx.body, rule):
+            ctx.cache = "bypass"
+            return None
+        key = response_key(scope_of(ctx.tenant_name, rule), ctx.tier.name, ctx.endpoint, ctx.body)
+        answer = await self._responses.get(key)
+        if answer is None:
+            ctx.cache, ctx.cache_key = "miss", key
+            ctx.finishers.append(lambda done: self._store(done, rule.ttl_s))
+            return None
+        return _replay(ctx, answer)
+
+    def _store(self, ctx: RequestContext, ttl_s: int) -> None:
+        complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None
+        if not complete or ctx.finish_reason not in STORABLE_FINISH or ctx.response_text is None:
+            return
+        if ctx.cache_key is None or ctx.prompt_tokens is None or ctx.completion_tokens is None or self._responses is None:
+            return
+        model = ctx.replica.model if ctx.replica else ""
+        answer = CachedAnswer(ctx.response_text, ctx.finish_reason or "stop", ctx.prompt_tokens,
+                              ctx.completion_tokens, model)
+        self._responses.put_later(ctx.cache_key, answer, ttl_s)
+
+
+def _replay(ctx: RequestContext, answer: CachedAnswer) -> Reply:
+    ctx.cache = "hit"
+    ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = (
+        answer.prompt_tokens, answer.completion_tokens, "cache")
+    ctx.finish_reason = answer.finish_reason
+    ctx.output_chunks = 1
+    ctx.first_token_at = time.perf_counter()
+    if ctx.stream:
+        body = sse_body(ctx.endpoint, answer, ctx.request_id, ctx.client_wants_usage)
+        return StreamReply(Replay(body), HIT_HEADERS)
+    return JsonReply(200, json_body(ctx.endpoint, answer, ctx.request_id), HIT_HEADERS)
