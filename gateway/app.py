@@ -15,6 +15,7 @@ from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
 from gateway.cache.prefix import PrefixStore
 from gateway.cache.responses import ResponseCache
+from gateway.limits.limiter import Limiter
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.stages.account import Accountant
@@ -69,7 +70,8 @@ def create_app(
                 responses = ResponseCache(gateway.redis, writes)
                 affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
             gateway.stages = (
-                ParseStage(), PolicyStage(), ClassifyStage(scorer), RouteStage(gateway.pool, affinity),
+                ParseStage(), PolicyStage(Limiter(gateway.redis, writes)), ClassifyStage(scorer),
+                RouteStage(gateway.pool, affinity),
                 CacheStage(responses), ProxyStage(session, gateway.pool),
             )
             try:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config import GatewayConfig, Replica, Tenant, Tier
+from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
 from gateway.types import CacheStatus, Endpoint, Outcome, UsageSource
 
 
@@ -24,7 +24,7 @@ class RequestContext:
     model_requested: str | None = None
     stream: bool = False
     client_wants_usage: bool = False
-    tenant: Tenant | None = None
+    tenant: TenantPolicy | None = None  # set by the policy stage
     max_tokens: int | None = None
 
     difficulty: float | None = None  # the classifier's score, for model 'auto'
@@ -47,6 +47,7 @@ class RequestContext:
     finished_at: float | None = None
     finish_reason: str | None = None
     queue_ms: float = 0.0
+    cost_usd: float = 0.0  # set by accounting
     cache: CacheStatus = "off"
     cache_key: str | None = None  # set on a miss that may be stored
     finishers: list[Callable[[RequestContext], None]] = field(default_factory=list)  # after accounting

@@ -11,6 +11,7 @@ from pathlib import Path
 from gateway.config.loader import ConfigError, ConfigIssue, check_file, load_policy, load_routes
 from gateway.config.policies import MaxTokens, PolicyConfig, Tenant
 from gateway.config.routes import Replica, RoutesConfig, Tier
+from gateway.config.tenants import TenantPolicy, compile_tenants
 
 __all__ = [
     "ConfigError",
@@ -21,6 +22,7 @@ __all__ = [
     "Replica",
     "RoutesConfig",
     "Tenant",
+    "TenantPolicy",
     "Tier",
     "check_file",
     "load_config",
@@ -32,7 +34,8 @@ class GatewayConfig:
     routes: RoutesConfig
     policy: PolicyConfig
     tiers: Mapping[str, Tier]
-    tenants_by_key_hash: Mapping[str, Tenant]
+    tenants_by_key_hash: Mapping[str, TenantPolicy]
+    anonymous: TenantPolicy | None
     version: str
     loaded_at: float
 
@@ -40,18 +43,24 @@ class GatewayConfig:
     def build(cls, routes: RoutesConfig, policy: PolicyConfig, version: str = "inline") -> GatewayConfig:
         """Cross-check a routes and a policy config and index them for the request path."""
         tiers = {t.name: t for t in routes.tiers}
-        if policy.default_tier not in tiers:
-            raise ConfigError(
-                [ConfigIssue("policy", None, "default_tier", repr(policy.default_tier),
-                             f"no such tier in routes (have {', '.join(tiers)})")]
-            )
-        bands = policy.routing.bands if policy.routing else ()
-        for i, band in enumerate(bands):
-            if band.tier not in tiers:
-                raise ConfigError([ConfigIssue("policy", None, f"routing.bands[{i}].tier", repr(band.tier),
-                                               f"no such tier in routes (have {', '.join(tiers)})")])
-        by_hash = {t.api_key_sha256: t for t in policy.tenants}
-        return cls(routes, policy, tiers, by_hash, version, time.time())
+        issues = [ConfigIssue("policy", None, field, repr(name), f"no such tier in routes (have {', '.join(tiers)})")
+                  for field, name in _tier_references(policy) if name not in tiers]
+        if issues:
+            raise ConfigError(issues)
+        by_hash, anonymous = compile_tenants(policy)
+        return cls(routes, policy, tiers, by_hash, anonymous, version, time.time())
+
+
+def _tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:
+    """(field, tier name) for every tier a policy names, at the top level and in each tenant."""
+    refs: list[tuple[str, str]] = []
+    for prefix, limits in [("", policy), *((f"tenants[{i}].", t) for i, t in enumerate(policy.tenants))]:
+        if limits.default_tier:
+            refs.append((f"{prefix}default_tier", limits.default_tier))
+        refs += [(f"{prefix}allowed_tiers[{j}]", name) for j, name in enumerate(limits.allowed_tiers or ())]
+        bands = limits.routing.bands if limits.routing else ()
+        refs += [(f"{prefix}routing.bands[{j}].tier", band.tier) for j, band in enumerate(bands)]
+    return refs
 
 
 def load_config(routes_path: str | Path, policy_path: str | Path) -> GatewayConfig:
@@ -60,5 +69,4 @@ def load_config(routes_path: str | Path, policy_path: str | Path) -> GatewayConf
     try:
         return GatewayConfig.build(routes, policy, digest.hexdigest()[:12])
     except ConfigError as err:
-        issue = err.issues[0]
-        raise ConfigError([ConfigIssue(str(policy_path), None, issue.field, issue.value, issue.reason)]) from None
+        raise ConfigError([ConfigIssue(str(policy_path), None, i.field, i.value, i.reason) for i in err.issues]) from None

@@ -1,4 +1,5 @@
-"""Policy files: tenants, API keys (as SHA-256 hashes) and max_tokens limits."""
+"""Policy files: tenants and their limits. The top level holds the defaults, each tenant may override
+any of them; `compile_tenants` turns both into one frozen `TenantPolicy` per tenant at load time."""
 
 from __future__ import annotations
 
@@ -8,18 +9,35 @@ from pydantic import Field, field_validator, model_validator
 
 from gateway.config.routes import Frozen
 
+Priority = Literal["interactive", "batch"]
+
 
 class MaxTokens(Frozen):
-    """`default` fills a request without max_tokens; above `maximum` a request is clamped."""
+    """`default` fills a request without max_tokens; above `maximum` a request is clamped or rejected."""
 
     default: int = Field(ge=1)
     maximum: int = Field(ge=1)
+    on_exceed: Literal["clamp", "reject"] = "clamp"
 
     @model_validator(mode="after")
     def _default_within_maximum(self) -> MaxTokens:
         if self.default > self.maximum:
             raise ValueError(f"default ({self.default}) must not exceed maximum ({self.maximum})")
         return self
+
+
+class OutputCap(Frozen):
+    """Ends a streamed answer with finish_reason "length" at this many output tokens and/or characters."""
+
+    tokens: int | None = Field(default=None, ge=1)
+    chars: int | None = Field(default=None, ge=1)
+
+
+class RateLimit(Frozen):
+    """Per tenant, across all gateway replicas (Redis), per minute."""
+
+    requests_per_min: int | None = Field(default=None, ge=1)
+    tokens_per_min: int | None = Field(default=None, ge=1, description="prompt + max_tokens, charged on admission")
 
 
 class Band(Frozen):
@@ -72,23 +90,41 @@ class CacheRule(Frozen):
     semantic: SemanticRule | None = None
 
 
-class Tenant(Frozen):
+class Limits(Frozen):
+    """What a tenant may do. Unset fields inherit the policy file's top level, then the built-in defaults."""
+
+    allowed_tiers: tuple[str, ...] | None = Field(default=None, description="tiers it may use (unset: all)")
+    default_tier: str | None = Field(default=None, description="where model 'auto' goes without bands")
+    max_tokens: MaxTokens | None = None
+    max_prompt_chars: int | None = Field(default=None, ge=1, description="larger prompts get 413")
+    output_cap: OutputCap | None = None
+    stop: tuple[str, ...] | None = Field(default=None, description="stop sequences added to every request")
+    priority: Priority | None = None
+    ttft_slo_ms: float | None = Field(default=None, gt=0)
+    rate_limit: RateLimit | None = None
+    daily_budget_usd: float | None = Field(default=None, ge=0)
+    cache: CacheRule | None = None
+    routing: Routing | None = Field(default=None, description="classifier bands; without them auto = default_tier")
+
+
+class Tenant(Limits):
     name: str = Field(min_length=1)
     api_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the API key")
-    max_tokens: MaxTokens | None = None
-    cache: CacheRule | None = None
 
 
-class PolicyConfig(Frozen):
-    default_tier: str = Field(min_length=1, description="tier that model 'auto' routes to")
-    max_tokens: MaxTokens
-    allow_anonymous: bool = Field(
-        default=False, description="requests without an API key run as tenant 'anonymous'"
-    )
+class PolicyConfig(Limits):
+    allow_anonymous: bool = Field(default=False, description="requests without an API key: tenant 'anonymous'")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    cache: CacheRule = CacheRule()
-    routing: Routing | None = Field(default=None, description="classifier bands; without them auto = default_tier")
+    admin_api_key_sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$", description="key for /admin/* (unset: admin endpoints off)"
+    )
     tenants: tuple[Tenant, ...] = ()
+
+    @model_validator(mode="after")
+    def _has_default_tier(self) -> PolicyConfig:
+        if self.default_tier is None:
+            raise ValueError("default_tier is required at the top level")
+        return self
 
     @field_validator("tenants")
     @classmethod

@@ -30,6 +30,7 @@ class Accountant:
         priced = cost_usd(ctx.tier.prices, prompt, completion) if ctx.tier else 0.0
         cost = priced if ctx.upstream_started else 0.0
         avoided = priced if ctx.cache in ("hit", "semantic_hit") else 0.0
+        ctx.cost_usd = cost
         e2e_s = now - ctx.started
         ttft_s = ctx.first_token_at - ctx.started if ctx.first_token_at is not None else None
         tpot_s = None

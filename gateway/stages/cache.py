@@ -25,7 +25,9 @@ class CacheStage:
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         if self._responses is None or ctx.tier is None:
             return None
-        rule = (ctx.tenant.cache if ctx.tenant else None) or ctx.config.policy.cache
+        if ctx.tenant is None:
+            return None
+        rule = ctx.tenant.cache
         if not cacheable(ctx.body, rule):
             ctx.cache = "bypass"
             return None

@@ -18,7 +18,8 @@ class ClassifyStage:
         self._scorer = scorer
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        if self._scorer is None or ctx.model_requested != AUTO_MODEL or ctx.config.policy.routing is None:
+        routing = ctx.tenant.routing if ctx.tenant else None
+        if self._scorer is None or ctx.model_requested != AUTO_MODEL or routing is None:
             return None
         try:
             ctx.difficulty = await self._scorer.score(ctx.prompt_text())

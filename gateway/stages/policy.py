@@ -1,38 +1,83 @@
-"""Policy: resolve the tenant from the API key and apply its max_tokens default and cap."""
+"""Policy: resolve the tenant from the API key and apply its limits before anything is spent.
+
+401 unknown key · 400 max_tokens over the cap (mode reject) · 413 prompt too large ·
+429 rate limit or daily budget (+ Retry-After). Clamps max_tokens, adds the tenant's stop
+sequences, and books the tokens and dollars actually used once the answer is done.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
-from gateway.config import GatewayConfig, Tenant
+from gateway.config import GatewayConfig, TenantPolicy
 from gateway.context import RequestContext
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest
+from gateway.limits.limiter import Limiter
 from gateway.types import Reply
+
+CHARS_PER_TOKEN = 4  # the token estimate charged on admission, corrected when the answer is done
 
 
 class PolicyStage:
+    def __init__(self, limiter: Limiter | None = None) -> None:
+        self._limiter = limiter
+
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        config = ctx.config
-        ctx.tenant = resolve_tenant(config, ctx.api_key)
-        rule = (ctx.tenant.max_tokens if ctx.tenant else None) or config.policy.max_tokens
-        limit = rule.default if ctx.max_tokens is None else min(ctx.max_tokens, rule.maximum)
-        ctx.max_tokens = limit
-        body = ctx.body
-        if "max_completion_tokens" in body:
-            body["max_completion_tokens"] = limit
-        if "max_tokens" in body or "max_completion_tokens" not in body:
-            body["max_tokens"] = limit
+        tenant = ctx.tenant = resolve_tenant(ctx.config, ctx.api_key)
+        ctx.max_tokens = _max_tokens(ctx, tenant)
+        prompt_chars = len(ctx.prompt_text())
+        if tenant.max_prompt_chars is not None and prompt_chars > tenant.max_prompt_chars:
+            param = "messages" if ctx.endpoint == "chat" else "prompt"
+            raise BodyTooLarge(f"the prompt has {prompt_chars} characters; tenant {tenant.name!r} allows "
+                               f"{tenant.max_prompt_chars}", param=param, code="prompt_too_large")
+        _set_max_tokens(ctx.body, ctx.max_tokens)
+        if tenant.stop:
+            ctx.body["stop"] = _merged_stop(ctx.body.get("stop"), tenant.stop)
+        if self._limiter is not None:
+            estimate = prompt_chars // CHARS_PER_TOKEN + ctx.max_tokens
+            await self._limiter.admit(tenant, estimate)
+            ctx.finishers.append(lambda done: self._book(done, estimate))
         return None
 
+    def _book(self, ctx: RequestContext, estimate: int) -> None:
+        if self._limiter is not None and ctx.tenant is not None:
+            used = (ctx.prompt_tokens or 0) + (ctx.completion_tokens or 0) if ctx.upstream_started else 0
+            self._limiter.book(ctx.tenant, used - estimate, ctx.cost_usd)
 
-def resolve_tenant(config: GatewayConfig, api_key: str | None) -> Tenant | None:
-    """The tenant owning `api_key`; None means anonymous, where the policy allows it."""
+
+def resolve_tenant(config: GatewayConfig, api_key: str | None) -> TenantPolicy:
+    """The tenant owning `api_key`, or the anonymous one where the policy allows it."""
     if not api_key:
-        if config.policy.allow_anonymous:
-            return None
+        if config.anonymous is not None:
+            return config.anonymous
         raise AuthenticationFailed("missing API key: send 'Authorization: Bearer <key>'")
-    digest = hashlib.sha256(api_key.encode()).hexdigest()
-    tenant = config.tenants_by_key_hash.get(digest)
+    tenant = config.tenants_by_key_hash.get(hashlib.sha256(api_key.encode()).hexdigest())
     if tenant is None:
         raise AuthenticationFailed("invalid API key")
     return tenant
+
+
+def _max_tokens(ctx: RequestContext, tenant: TenantPolicy) -> int:
+    """The request's max_tokens after the tenant's default, cap (clamp or reject) and output cap."""
+    rule = tenant.max_tokens
+    asked = ctx.max_tokens
+    if asked is not None and asked > rule.maximum and rule.on_exceed == "reject":
+        name = "max_completion_tokens" if "max_completion_tokens" in ctx.body else "max_tokens"
+        raise InvalidRequest(f"'{name}' of {asked} exceeds tenant {tenant.name!r}'s maximum of {rule.maximum}",
+                             param=name, code="max_tokens_exceeded")
+    limit = rule.default if asked is None else min(asked, rule.maximum)
+    cap = tenant.output_cap.tokens if tenant.output_cap else None
+    return limit if cap is None else min(limit, cap)
+
+
+def _set_max_tokens(body: dict[str, Any], limit: int) -> None:
+    if "max_completion_tokens" in body:
+        body["max_completion_tokens"] = limit
+    if "max_tokens" in body or "max_completion_tokens" not in body:
+        body["max_tokens"] = limit
+
+
+def _merged_stop(asked: Any, extra: tuple[str, ...]) -> list[str]:
+    own = [asked] if isinstance(asked, str) else list(asked or ())
+    return own + [s for s in extra if s not in own]

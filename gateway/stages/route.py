@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.backends.affinity import Affinity
 from gateway.backends.pool import ReplicaPool
 from gateway.context import RequestContext
-from gateway.errors import InvalidRequest, UnknownModel
+from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 from gateway.types import AUTO_MODEL, Reply
 
 
@@ -22,6 +22,10 @@ class RouteStage:
         if tier is None:
             names = ", ".join([AUTO_MODEL, *config.tiers])
             raise UnknownModel(f"the model {model!r} does not exist; use one of: {names}", param="model")
+        if ctx.tenant is not None and not ctx.tenant.allows(tier.name):
+            allowed = ", ".join(sorted(ctx.tenant.allowed_tiers or ()))
+            raise PermissionDenied(f"tenant {ctx.tenant.name!r} may not use tier {tier.name!r} (allowed: {allowed})",
+                                   param="model", code="tier_not_allowed")
         if ctx.max_tokens is not None and ctx.max_tokens > tier.context_window:
             raise InvalidRequest(
                 f"'max_tokens' of {ctx.max_tokens} exceeds the context window of tier "
@@ -37,7 +41,11 @@ class RouteStage:
 
 
 def _auto_tier(ctx: RequestContext) -> str:
-    routing = ctx.config.policy.routing
-    if routing is None or ctx.difficulty is None:
-        return ctx.config.policy.default_tier
-    return routing.tier_for(ctx.difficulty)
+    """The difficulty band's tier where the tenant may use it, else the tenant's default tier."""
+    tenant = ctx.tenant
+    if tenant is None:
+        return ctx.config.policy.default_tier or ""
+    if tenant.routing is None or ctx.difficulty is None:
+        return tenant.default_tier
+    band_tier = tenant.routing.tier_for(ctx.difficulty)
+    return band_tier if tenant.allows(band_tier) else tenant.default_tier

@@ -22,7 +22,7 @@ def with_second_tenant(config: GatewayConfig, **cache: object) -> GatewayConfig:
 
     policy = config.policy.model_dump()
     policy["tenants"] = [*policy["tenants"], {"name": "other", "api_key_sha256": hashlib.sha256(OTHER_KEY.encode()).hexdigest()}]
-    policy["cache"] = {**policy["cache"], **cache}
+    policy["cache"] = {**(policy["cache"] or {}), **cache}
     return GatewayConfig.build(config.routes, PolicyConfig.model_validate(policy))
 
 
