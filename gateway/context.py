@@ -47,6 +47,7 @@ class RequestContext:
     finished_at: float | None = None
     finish_reason: str | None = None
     queue_ms: float = 0.0
+    output_capped: bool = False  # the tenant's output cap ended the stream
     cost_usd: float = 0.0  # set by accounting
     cache: CacheStatus = "off"
     cache_key: str | None = None  # set on a miss that may be stored

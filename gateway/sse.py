@@ -1,14 +1,15 @@
 """Incremental reader of an upstream OpenAI SSE stream: forwards events byte for byte and tallies them.
 
 `SseScanner.feed` takes whatever bytes arrived and returns the bytes to send on: every complete
-event, untouched, in one piece (an incomplete tail waits for the next read). It drops only the
-usage-only event when the client did not ask for usage, and data that is not JSON.
+event, untouched, in one piece (an incomplete tail waits for the next read). It drops the
+usage-only event when the client did not ask for usage, data that is not JSON, and everything
+after an output cap is reached (the chunk that crosses a character cap is trimmed to fit).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -19,23 +20,34 @@ DONE = b"[DONE]"
 
 
 @dataclass(slots=True)
+class OutputLimit:
+    tokens: int | None = None  # content chunks (one token each on llama.cpp and vLLM)
+    chars: int | None = None
+
+
+@dataclass(slots=True)
 class StreamTally:
     """What the stream told us so far."""
 
     content_chunks: int = 0
+    content_chars: int = 0
     first_token_at: float | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     done: bool = False
+    capped: bool = False  # the output limit was reached: nothing more is forwarded
     malformed: int = 0
+    head: dict[str, Any] = field(default_factory=dict)  # id, object, created, model of the chunks
     text: list[str] | None = None  # the content pieces, when collecting (for the response cache)
 
 
 class SseScanner:
-    def __init__(self, endpoint: Endpoint, *, forward_usage: bool, collect_text: bool = False) -> None:
+    def __init__(self, endpoint: Endpoint, *, forward_usage: bool, collect_text: bool = False,
+                 limit: OutputLimit | None = None) -> None:
         self.tally = StreamTally(text=[] if collect_text else None)
-        self._content_key = "delta" if endpoint == "chat" else None
+        self._chat = endpoint == "chat"
         self._forward_usage = forward_usage
+        self._limit = limit
         self._pending = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -48,15 +60,15 @@ class SseScanner:
         crlf = b"\r" in complete
         events = (complete.replace(b"\r\n", b"\n") if crlf else complete).split(b"\n\n")
         kept: list[bytes] = []
-        dropped = False
+        changed = crlf
         for raw in events:
             if not raw:
                 continue
-            if self._inspect(raw):
-                kept.append(raw)
-            else:
-                dropped = True
-        if not dropped and not crlf:
+            out = None if self.tally.capped else self._inspect(raw)
+            if out is not None:
+                kept.append(out)
+            changed = changed or out is not raw
+        if not changed:
             return complete
         return b"".join(event + b"\n\n" for event in kept)
 
@@ -65,46 +77,71 @@ class SseScanner:
         """Bytes of an event that never completed (a truncated stream)."""
         return self._pending
 
-    def _inspect(self, raw: bytes) -> bool:
-        """Tally one event; False when it must not be forwarded."""
+    def _inspect(self, raw: bytes) -> bytes | None:
+        """Tally one event: the bytes to forward for it (itself, or a trimmed copy), or None to drop it."""
         payload = _data_of(raw)
         if payload is None:
-            return True  # comment or non-data field: forwarded as is
+            return raw  # comment or non-data field: forwarded as is
         if payload == DONE:
             self.tally.done = True
-            return True
+            return raw
         try:
             chunk = orjson.loads(payload)
             choices = chunk.get("choices")
         except (orjson.JSONDecodeError, AttributeError):
             self.tally.malformed += 1
-            return False
+            return None
+        if not self.tally.head:
+            self.tally.head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         usage = chunk.get("usage")
         if usage:
             self.tally.usage = usage
         if not choices:
-            return self._forward_usage or not usage
-        self._tally_choice(choices[0])
-        return True
+            return raw if self._forward_usage or not usage else None
+        choice = choices[0]
+        return self._tally_choice(choice, chunk, raw) if isinstance(choice, dict) else raw
 
-    def _tally_choice(self, choice: Any) -> None:
-        if not isinstance(choice, dict):
-            return
-        if self._content_key is None:
-            content = choice.get("text")
-        else:
-            delta = choice.get(self._content_key)
-            content = delta.get("content") if isinstance(delta, dict) else None
+    def _tally_choice(self, choice: dict[str, Any], chunk: dict[str, Any], raw: bytes) -> bytes:
+        delta = choice.get("delta") if self._chat else None
+        content = (delta.get("content") if isinstance(delta, dict) else None) if self._chat else choice.get("text")
         tally = self.tally
-        if content:
-            tally.content_chunks += 1
-            if tally.text is not None and isinstance(content, str):
-                tally.text.append(content)
-            if tally.first_token_at is None:
-                tally.first_token_at = time.perf_counter()
         reason = choice.get("finish_reason")
         if reason:
             tally.finish_reason = reason
+        if not content or not isinstance(content, str):
+            return raw
+        limit = self._limit
+        if limit is not None and limit.chars is not None and tally.content_chars + len(content) > limit.chars:
+            content = content[: limit.chars - tally.content_chars]
+            raw = self._rewrite(chunk, choice, content)
+        tally.content_chunks += 1
+        tally.content_chars += len(content)
+        if limit is not None and limit.chars is not None and tally.content_chars >= limit.chars:
+            tally.capped = True
+        if tally.first_token_at is None:
+            tally.first_token_at = time.perf_counter()
+        if tally.text is not None:
+            tally.text.append(content)
+        if limit is not None and limit.tokens is not None and tally.content_chunks >= limit.tokens:
+            tally.capped = True
+        return raw
+
+    def _rewrite(self, chunk: dict[str, Any], choice: dict[str, Any], content: str) -> bytes:
+        if self._chat:
+            choice["delta"] = {**choice["delta"], "content": content}
+        else:
+            choice["text"] = content
+        return b"data: " + orjson.dumps(chunk)
+
+    def ending(self) -> bytes:
+        """What a capped stream ends with: a finish chunk (finish_reason "length") and [DONE].
+        No usage chunk: the prompt's tokens are counted later, by the account stage."""
+        head = self.tally.head
+        if self._chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": "length"}
+        else:
+            choice = {"index": 0, "text": "", "finish_reason": "length"}
+        return b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\ndata: [DONE]\n\n"
 
 
 def _complete_prefix_end(buf: bytes) -> int:

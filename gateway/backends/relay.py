@@ -39,16 +39,27 @@ class SseRelay:
         out = scanner.feed(self._first)
         if out:
             yield out
+        if scanner.tally.capped:
+            yield self._cap()
+            return
         try:
             async for data in self._response.content.iter_any():
                 out = scanner.feed(data)
                 if out:
                     yield out
+                if scanner.tally.capped:
+                    yield self._cap()
+                    return
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
             yield self._fail(f"the backend stream broke off: {type(err).__name__}", "upstream_stream_broken")
             return
         if not scanner.tally.done:
             yield self._fail("the backend stream ended before [DONE]", "upstream_stream_truncated")
+
+    def _cap(self) -> bytes:
+        """The output cap was reached: end the client's stream; `close` then cancels the upstream."""
+        self._ctx.output_capped = True
+        return self._scanner.ending()
 
     def _fail(self, message: str, code: str) -> bytes:
         self._ctx.outcome = "upstream_error"
@@ -62,7 +73,7 @@ class SseRelay:
         self._closed = True
         tally, ctx = self._scanner.tally, self._ctx
         ctx.first_token_at = tally.first_token_at
-        ctx.finish_reason = tally.finish_reason
+        ctx.finish_reason = "length" if tally.capped else tally.finish_reason
         ctx.output_chunks = tally.content_chunks
         if tally.text is not None:
             ctx.response_text = "".join(tally.text)

@@ -59,6 +59,7 @@ class Accountant:
             queue_ms=round(ctx.queue_ms, 3),
             attempts=ctx.attempts,
             prefix_blocks=ctx.prefix_blocks,
+            output_capped=ctx.output_capped,
             finish_reason=ctx.finish_reason,
             cache=ctx.cache,
             cost_usd=cost,

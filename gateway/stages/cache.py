@@ -40,7 +40,7 @@ class CacheStage:
         return _replay(ctx, answer)
 
     def _store(self, ctx: RequestContext, ttl_s: int) -> None:
-        complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None
+        complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None and not ctx.output_capped
         if not complete or ctx.finish_reason not in STORABLE_FINISH or ctx.response_text is None:
             return
         if ctx.cache_key is None or ctx.prompt_tokens is None or ctx.completion_tokens is None or self._responses is None:

@@ -18,7 +18,7 @@ from gateway.backends.relay import SseRelay, apply_usage
 from gateway.config import Replica
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, UpstreamError, UpstreamOverloaded, UpstreamStatus, UpstreamTimeout
-from gateway.sse import SseScanner
+from gateway.sse import OutputLimit, SseScanner
 from gateway.types import JsonReply, Reply, StreamReply
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -81,7 +81,10 @@ class ProxyStage:
         except BaseException:
             lease.release()
             raise
-        scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage, collect_text=ctx.cache_key is not None)
+        cap = ctx.tenant.output_cap if ctx.tenant else None
+        limit = OutputLimit(cap.tokens, cap.chars) if cap else None
+        scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage,
+                             collect_text=ctx.cache_key is not None, limit=limit)
         return StreamReply(SseRelay(ctx, response, scanner, first, lease.release))
 
     async def _post(
@@ -133,7 +136,21 @@ async def _settle_json(ctx: RequestContext, response: aiohttp.ClientResponse, re
     message = choice.get("message")
     text = message.get("content") if isinstance(message, dict) else choice.get("text")
     ctx.response_text = text if isinstance(text, str) else None
+    cap = ctx.tenant.output_cap.chars if ctx.tenant and ctx.tenant.output_cap else None
+    if cap is not None and ctx.response_text is not None and len(ctx.response_text) > cap:
+        data = _trim_answer(answer, choice, ctx.response_text[:cap])
+        ctx.response_text, ctx.finish_reason, ctx.output_capped = ctx.response_text[:cap], "length", True
     return JsonReply(200, data)
+
+
+def _trim_answer(answer: dict[str, Any], choice: dict[str, Any], text: str) -> bytes:
+    """The answer with its text cut to the tenant's character cap (finish_reason "length")."""
+    if isinstance(choice.get("message"), dict):
+        choice["message"] = {**choice["message"], "content": text}
+    else:
+        choice["text"] = text
+    choice["finish_reason"] = "length"
+    return orjson.dumps(answer)
 
 
 async def _status_error(response: aiohttp.ClientResponse, replica: Replica) -> GatewayError:

@@ -74,3 +74,24 @@ def test_completions_text_counts_and_first_token_time_is_set() -> None:
     scanner.feed(b'data: {"choices": [{"text": "a"}]}\n\n')
     assert scanner.tally.first_token_at is not None
     assert scanner.tally.content_chunks == 1
+
+
+def test_a_token_limit_stops_forwarding_after_the_nth_content_chunk() -> None:
+    from gateway.sse import OutputLimit
+
+    scanner = SseScanner("chat", forward_usage=True, limit=OutputLimit(tokens=2))
+    out = scanner.feed(STREAM)
+    assert out == chat_event("Hel") + chat_event("lo")
+    assert scanner.tally.capped and scanner.tally.content_chunks == 2
+    assert scanner.feed(chat_event("more")) == b""
+    ending = scanner.ending()
+    assert b'"finish_reason":"length"' in ending and ending.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_char_limit_trims_the_chunk_that_crosses_it() -> None:
+    from gateway.sse import OutputLimit
+
+    scanner = SseScanner("chat", forward_usage=True, limit=OutputLimit(chars=4))
+    out = scanner.feed(STREAM)
+    texts = [orjson.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n") if e]
+    assert texts == ["Hel", "l"] and scanner.tally.capped and scanner.tally.content_chars == 4
