@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +19,7 @@ from gateway.cache.prefix import PrefixStore
 from gateway.cache.responses import ResponseCache
 from gateway.limits.limiter import Limiter
 from gateway.config import GatewayConfig
+from gateway.config.reload import ConfigReloader
 from gateway.metrics import GatewayMetrics
 from gateway.stages.account import Accountant
 from gateway.stages.cache import CacheStage
@@ -41,22 +44,32 @@ class Gateway:
     pool: ReplicaPool
     stages: tuple[Stage, ...] = field(default=())
     redis: RedisGuard | None = None
+    reloader: ConfigReloader | None = None
+    scorer: DifficultyScorer | None = None
+    responses: ResponseCache | None = None
+
+    def serve(self, config: GatewayConfig) -> None:
+        """Swap in a new config version: requests that start from now on use it."""
+        self.config = config
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
 def create_app(
-    config: GatewayConfig, scorer: DifficultyScorer | None = None, redis_url: str | None = None
+    config: GatewayConfig, scorer: DifficultyScorer | None = None, redis_url: str | None = None,
+    config_files: tuple[Path, Path] | None = None,
 ) -> web.Application:
     """The gateway app. `scorer` rates prompt difficulty for model 'auto' (None: always the default tier);
-    `redis_url` enables the caches (None: no Redis, nothing cached)."""
-    from gateway import http  # the handlers import GATEWAY from here
+    `redis_url` enables the caches (None: no Redis, nothing cached); `config_files` (routes, policy) are
+    watched and hot-reloaded (None: the config is fixed)."""
+    from gateway import admin, http  # the handlers import GATEWAY from here
 
-    metrics, counters = GatewayMetrics(), TokenCounters()
-    for tier in config.routes.tiers:
-        counters.for_spec(tier.tokenizer)  # load tokenizers now, never on the request path
-    gateway = Gateway(config, Accountant(counters, metrics), metrics, ReplicaPool())
+    metrics = GatewayMetrics()
+    gateway = Gateway(config, Accountant(TokenCounters(), metrics), metrics, ReplicaPool(), scorer=scorer)
+    gateway.accountant.prepare(config)  # load tokenizers now, never on the request path
+    if config_files is not None:
+        gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.accountant.prepare)
     app = web.Application(client_max_size=BODY_CEILING)
     app[GATEWAY] = gateway
 
@@ -67,20 +80,26 @@ def create_app(
             if redis_url:
                 timeout_s = config.routes.redis.op_timeout_ms / 1000
                 gateway.redis = RedisGuard(connect(redis_url), op_timeout_s=timeout_s, registry=metrics.registry)
-                responses = ResponseCache(gateway.redis, writes)
+                responses = gateway.responses = ResponseCache(gateway.redis, writes)
                 affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
             gateway.stages = (
                 ParseStage(), PolicyStage(Limiter(gateway.redis, writes)), ClassifyStage(scorer),
                 RouteStage(gateway.pool, affinity),
                 CacheStage(responses), ProxyStage(session, gateway.pool),
             )
+            stop_watching = asyncio.Event()
+            watcher = asyncio.create_task(gateway.reloader.watch(stop_watching)) if gateway.reloader else None
             try:
                 yield
             finally:
+                stop_watching.set()
+                if watcher is not None:
+                    await watcher
                 await writes.drain()
                 if gateway.redis is not None:
                     await gateway.redis.client.aclose()
 
     app.cleanup_ctx.append(resources)
-    http.add_routes(app)
+    admin.add_routes(app)
+    http.add_routes(app)  # last: its catch-all answers unknown paths
     return app

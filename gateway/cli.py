@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
+    from gateway.types import DifficultyScorer
 
 DEFAULT_ROUTES = "routes/local.yaml"
 DEFAULT_POLICIES = "policies/local.yaml"
@@ -55,6 +56,16 @@ def _parser() -> argparse.ArgumentParser:
     emulate.add_argument("--seed", type=int, default=0)
     emulate.set_defaults(handler=_emulate)
 
+    route = commands.add_parser("route", help="routing tools").add_subparsers()
+    explain = route.add_parser("explain", help="show how a request would be routed (nothing is sent)")
+    _add_config_args(explain)
+    explain.add_argument("--tenant", required=True)
+    explain.add_argument("--prompt", required=True)
+    explain.add_argument("--model", default="auto")
+    explain.add_argument("--max-tokens", type=int)
+    explain.add_argument("--json", action="store_true", help="print the report as JSON")
+    explain.set_defaults(handler=_route_explain)
+
     policy = commands.add_parser("policy", help="policy file tools").add_subparsers()
     check = policy.add_parser("check", help="validate routes and policy files (exit 1 if any is invalid)")
     check.add_argument("paths", nargs="+", type=Path)
@@ -98,6 +109,24 @@ def _load(args: argparse.Namespace) -> GatewayConfig | None:
         return None
 
 
+def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
+    """The difficulty classifier the policy's bands need (None when no tenant routes by bands)."""
+    tenants = [*config.tenants_by_key_hash.values(), *([config.anonymous] if config.anonymous else [])]
+    folders = sorted({t.routing.classifier for t in tenants if t.routing})
+    if not folders:
+        return None
+    if len(folders) > 1:
+        print(f"one classifier per gateway: using {folders[0]} (also named: {', '.join(folders[1:])})", file=sys.stderr)
+    from gateway.classifier.difficulty import load_classifier
+
+    path = Path(folders[0])
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[1] / path  # relative to the repository
+    classifier = load_classifier(path)
+    print(f"classifier {path} on {classifier.provider}", file=sys.stderr)
+    return classifier
+
+
 def _log_stream(path: Path | None) -> BinaryIO | None:
     from gateway.accounting.log import configure_logging
 
@@ -116,11 +145,13 @@ def _serve(args: argparse.Namespace) -> int:
     _log_stream(args.log_file)
     with _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
-        server.run(server.serve_until_signal(create_app(config, redis_url=redis_url), args.host, args.port))
+        app = create_app(config, _scorer(config), redis_url, config_files=(args.routes, args.policies))
+        server.run(server.serve_until_signal(app, args.host, args.port))
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
     from gateway.local.up import up
 
     config = _load(args)
@@ -128,7 +159,8 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     _log_stream(args.log_file)
     with _redis(args, config) as redis_url:
-        return up(config, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs, redis_url)
+        app = create_app(config, _scorer(config), redis_url, config_files=(args.routes, args.policies))
+        return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
 
 
 def _emulate(args: argparse.Namespace) -> int:
@@ -137,6 +169,34 @@ def _emulate(args: argparse.Namespace) -> int:
 
     server.run(run_emulator(args.host, args.port, args.profile, args.seed))
     return 0
+
+
+def _route_explain(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import orjson
+
+    from gateway.errors import GatewayError
+    from gateway.explain import explain
+
+    config = _load(args)
+    if config is None:
+        return 1
+    body = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}]}
+    if args.max_tokens is not None:
+        body["max_tokens"] = args.max_tokens
+    scorer = _scorer(config)
+    try:
+        report = asyncio.run(explain(config, args.tenant, body, scorer=scorer))
+    except GatewayError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for key, value in report.items():
+            print(f"{key:>14}: {orjson.dumps(value).decode() if isinstance(value, (dict, list)) else value}")
+    return 0 if report["decision"]["status"] == 200 else 2
 
 
 def _policy_check(args: argparse.Namespace) -> int:

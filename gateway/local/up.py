@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from gateway import server
-from gateway.app import create_app
+from aiohttp import web
+
 from gateway.config import GatewayConfig
 from gateway.local.children import Child, start_children, stop_children, wait_healthy
 
@@ -26,11 +27,12 @@ Models: {models}. Request log lines go to {log}. Ctrl-C stops everything.
 """
 
 
-def up(config: GatewayConfig, host: str, port: int, log_target: str, backend_logs: Path,
-       redis_url: str | None) -> int:
+def up(config: GatewayConfig, app: web.Application, host: str, port: int, log_target: str,
+       backend_logs: Path) -> int:
+    """Start the routes' local backends, wait until they are healthy, then serve `app` until a signal."""
     children = start_children(config.routes, backend_logs)
     try:
-        server.run(_serve(config, host, port, children, log_target, backend_logs, redis_url))
+        server.run(_serve(config, app, host, port, children, log_target, backend_logs))
     except RuntimeError as err:
         print(f"gateway up failed: {err}", file=sys.stderr)
         return 1
@@ -40,8 +42,8 @@ def up(config: GatewayConfig, host: str, port: int, log_target: str, backend_log
 
 
 async def _serve(
-    config: GatewayConfig, host: str, port: int, children: list[Child], log_target: str, backend_logs: Path,
-    redis_url: str | None,
+    config: GatewayConfig, app: web.Application, host: str, port: int, children: list[Child], log_target: str,
+    backend_logs: Path,
 ) -> None:
     stop = server.stop_on_signals()  # first: a signal during start-up must still stop the children
     print(f"starting {len(children)} local backend(s); their logs: {backend_logs}/", file=sys.stderr)
@@ -55,4 +57,4 @@ async def _serve(
     healthy.result()
     models = ", ".join(["auto", *config.tiers])
     print(EXAMPLE.format(host=host, port=port, models=models, log=log_target), file=sys.stderr)
-    await server.serve_until_signal(create_app(config, redis_url=redis_url), host, port, stop)
+    await server.serve_until_signal(app, host, port, stop)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import structlog
 
 from gateway.accounting.cost import cost_usd
+from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.metrics import GatewayMetrics
 from gateway.tokens import TokenCounters
@@ -22,6 +23,11 @@ class Accountant:
     def __init__(self, counters: TokenCounters, metrics: GatewayMetrics) -> None:
         self._counters = counters
         self._metrics = metrics
+
+    def prepare(self, config: GatewayConfig) -> None:
+        """Load the token counters a config's tiers name (slow: at start and on reload, never per request)."""
+        for tier in config.routes.tiers:
+            self._counters.for_spec(tier.tokenizer)
 
     def settle(self, ctx: RequestContext) -> None:
         ctx.finished_at = now = time.perf_counter()

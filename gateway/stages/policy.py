@@ -24,19 +24,11 @@ class PolicyStage:
         self._limiter = limiter
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        tenant = ctx.tenant = resolve_tenant(ctx.config, ctx.api_key)
-        ctx.max_tokens = _max_tokens(ctx, tenant)
-        prompt_chars = len(ctx.prompt_text())
-        if tenant.max_prompt_chars is not None and prompt_chars > tenant.max_prompt_chars:
-            param = "messages" if ctx.endpoint == "chat" else "prompt"
-            raise BodyTooLarge(f"the prompt has {prompt_chars} characters; tenant {tenant.name!r} allows "
-                               f"{tenant.max_prompt_chars}", param=param, code="prompt_too_large")
-        _set_max_tokens(ctx.body, ctx.max_tokens)
-        if tenant.stop:
-            ctx.body["stop"] = _merged_stop(ctx.body.get("stop"), tenant.stop)
+        ctx.tenant = resolve_tenant(ctx.config, ctx.api_key)
+        prompt_chars = apply_limits(ctx, ctx.tenant)
         if self._limiter is not None:
-            estimate = prompt_chars // CHARS_PER_TOKEN + ctx.max_tokens
-            await self._limiter.admit(tenant, estimate)
+            estimate = prompt_chars // CHARS_PER_TOKEN + (ctx.max_tokens or 0)
+            await self._limiter.admit(ctx.tenant, estimate)
             ctx.finishers.append(lambda done: self._book(done, estimate))
         return None
 
@@ -56,6 +48,21 @@ def resolve_tenant(config: GatewayConfig, api_key: str | None) -> TenantPolicy:
     if tenant is None:
         raise AuthenticationFailed("invalid API key")
     return tenant
+
+
+def apply_limits(ctx: RequestContext, tenant: TenantPolicy) -> int:
+    """The tenant's limits on the request itself (no admission): max_tokens, prompt size, stops.
+    Returns the prompt's length in characters."""
+    ctx.max_tokens = _max_tokens(ctx, tenant)
+    prompt_chars = len(ctx.prompt_text())
+    if tenant.max_prompt_chars is not None and prompt_chars > tenant.max_prompt_chars:
+        param = "messages" if ctx.endpoint == "chat" else "prompt"
+        raise BodyTooLarge(f"the prompt has {prompt_chars} characters; tenant {tenant.name!r} allows "
+                           f"{tenant.max_prompt_chars}", param=param, code="prompt_too_large")
+    _set_max_tokens(ctx.body, ctx.max_tokens)
+    if tenant.stop:
+        ctx.body["stop"] = _merged_stop(ctx.body.get("stop"), tenant.stop)
+    return prompt_chars
 
 
 def _max_tokens(ctx: RequestContext, tenant: TenantPolicy) -> int:

@@ -1,0 +1,73 @@
+"""Admin endpoints, behind the policy's admin key: GET /admin/config, POST /admin/explain."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import orjson
+from aiohttp import web
+
+from gateway.app import GATEWAY, Gateway
+from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound, error_body
+from gateway.explain import explain
+from gateway.types import Endpoint
+
+JSON = "application/json"
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/config", admin_config)
+    app.router.add_post("/admin/explain", admin_explain)
+
+
+def _check_admin(request: web.Request, gateway: Gateway) -> None:
+    stored = gateway.config.policy.admin_api_key_sha256
+    if stored is None:
+        raise NotFound("admin endpoints are off: set admin_api_key_sha256 in the policy file")
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    given = hashlib.sha256(key.strip().encode()).hexdigest()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given, stored):
+        raise AuthenticationFailed("admin endpoints need the admin API key")
+
+
+def _error(err: GatewayError) -> web.Response:
+    return web.Response(body=error_body(err), status=err.status, content_type=JSON, headers=err.headers())
+
+
+async def admin_config(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        _check_admin(request, gateway)
+    except GatewayError as err:
+        return _error(err)
+    config, reloader = gateway.config, gateway.reloader
+    body = {"version": config.version, "loaded_at": config.loaded_at, "tiers": list(config.tiers),
+            "tenants": sorted(t.name for t in config.tenants_by_key_hash.values()), "hot_reload": reloader is not None}
+    if reloader is not None:
+        state = reloader.state
+        body.update({"files": [str(f) for f in state.files], "reloads": state.reloads,
+                     "last_error": [str(i) for i in state.last_error] or None, "last_error_at": state.last_error_at})
+    return web.Response(body=orjson.dumps(body), content_type=JSON)
+
+
+async def admin_explain(request: web.Request) -> web.Response:
+    """Body: {"tenant": NAME, "request": {an OpenAI chat body}, "endpoint": "chat"|"completions"}."""
+    gateway = request.app[GATEWAY]
+    try:
+        _check_admin(request, gateway)
+        try:
+            payload = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as err:
+            raise InvalidRequest(f"the body is not valid JSON: {err}") from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("tenant"), str):
+            raise InvalidRequest("send {\"tenant\": NAME, \"request\": {...}}", param="tenant")
+        body = payload.get("request")
+        if not isinstance(body, dict):
+            raise InvalidRequest("'request' must be an OpenAI request body", param="request")
+        endpoint: Endpoint = "completions" if payload.get("endpoint") == "completions" else "chat"
+        report = await explain(gateway.config, payload["tenant"], body, endpoint=endpoint, scorer=gateway.scorer,
+                               pool=gateway.pool, responses=gateway.responses)
+    except GatewayError as err:
+        return _error(err)
+    return web.Response(body=orjson.dumps(report), content_type=JSON)

@@ -1,0 +1,83 @@
+"""Explain a routing decision without making it: tenant, limits applied, difficulty, tier, replica
+candidates, cache status. Nothing is charged, stored or sent upstream. Used by `gateway route
+explain` and `POST /admin/explain`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from gateway.backends.pool import ReplicaPool
+from gateway.cache.keys import cacheable, response_key, scope_of
+from gateway.cache.responses import ResponseCache
+from gateway.config import GatewayConfig, TenantPolicy
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.stages.classify import ClassifyStage
+from gateway.stages.parse import ParseStage
+from gateway.stages.policy import apply_limits
+from gateway.stages.route import RouteStage
+from gateway.types import DifficultyScorer, Endpoint
+
+
+def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
+    tenants = {t.name: t for t in config.tenants_by_key_hash.values()}
+    if config.anonymous is not None:
+        tenants[config.anonymous.name] = config.anonymous
+    if name not in tenants:
+        raise InvalidRequest(f"no tenant {name!r}; known: {', '.join(sorted(tenants))}", param="tenant")
+    return tenants[name]
+
+
+async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any], *, endpoint: Endpoint = "chat",
+                  scorer: DifficultyScorer | None = None, pool: ReplicaPool | None = None,
+                  responses: ResponseCache | None = None) -> dict[str, Any]:
+    """The decision path for `body` sent by tenant `tenant_name`, as a JSON-ready dict."""
+    tenant = find_tenant(config, tenant_name)
+    pool = pool or ReplicaPool()
+    ctx = RequestContext("explain", endpoint, config, orjson.dumps(body), None, time.perf_counter(), time.time())
+    report: dict[str, Any] = {"tenant": tenant.name, "config_version": config.version}
+    try:
+        await ParseStage()(ctx)
+        asked = ctx.max_tokens
+        ctx.tenant = tenant
+        prompt_chars = apply_limits(ctx, tenant)
+        report["limits"] = _limits(tenant, asked, ctx.max_tokens, prompt_chars)
+        await ClassifyStage(scorer)(ctx)
+        report["difficulty"] = ctx.difficulty
+        report["bands"] = [band.model_dump() for band in tenant.routing.bands] if tenant.routing else None
+        await RouteStage(pool)(ctx)
+    except GatewayError as err:
+        report["decision"] = {"status": err.status, "error": err.message, "param": err.param}
+        return report
+    assert ctx.tier is not None
+    report["tier"] = ctx.tier.name
+    report["candidates"] = [{"replica": r.name, "url": r.url, "in_flight": pool.state(r).in_flight,
+                             "recent_failures": pool.state(r).failures} for r in ctx.candidates]
+    report["cache"] = await _cache(ctx, tenant, responses)
+    report["decision"] = {"status": 200, "tier": ctx.tier.name, "replica": ctx.candidates[0].name}
+    return report
+
+
+def _limits(tenant: TenantPolicy, asked: int | None, applied: int | None, prompt_chars: int) -> dict[str, Any]:
+    return {
+        "max_tokens": {"asked": asked, "applied": applied, **tenant.max_tokens.model_dump()},
+        "prompt_chars": prompt_chars, "max_prompt_chars": tenant.max_prompt_chars,
+        "output_cap": tenant.output_cap.model_dump() if tenant.output_cap else None,
+        "stop": list(tenant.stop), "priority": tenant.priority, "ttft_slo_ms": tenant.ttft_slo_ms,
+        "rate_limit": tenant.rate_limit.model_dump() if tenant.rate_limit else None,
+        "daily_budget_usd": tenant.daily_budget_usd,
+        "allowed_tiers": sorted(tenant.allowed_tiers) if tenant.allowed_tiers is not None else None,
+    }
+
+
+async def _cache(ctx: RequestContext, tenant: TenantPolicy, responses: ResponseCache | None) -> dict[str, Any]:
+    if not cacheable(ctx.body, tenant.cache):
+        return {"status": "bypass", "why": "not deterministic (temperature 0 or a seed), or caching is off"}
+    assert ctx.tier is not None
+    key = response_key(scope_of(tenant.name, tenant.cache), ctx.tier.name, ctx.endpoint, ctx.body)
+    if responses is None:
+        return {"status": "not checked (no Redis)", "key": key}
+    return {"status": "hit" if await responses.get(key) else "miss", "key": key}
