@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     check = policy.add_parser("check", help="validate routes and policy files (exit 1 if any is invalid)")
     check.add_argument("paths", nargs="+", type=Path)
     check.set_defaults(handler=_policy_check)
+    schema = policy.add_parser("schema", help="print the JSON Schema of policy (or routes) files, for editors")
+    schema.add_argument("--routes", action="store_true", help="the routes file schema instead")
+    schema.set_defaults(handler=_policy_schema)
     return parser
 
 
@@ -197,6 +200,16 @@ def _route_explain(args: argparse.Namespace) -> int:
         for key, value in report.items():
             print(f"{key:>14}: {orjson.dumps(value).decode() if isinstance(value, (dict, list)) else value}")
     return 0 if report["decision"]["status"] == 200 else 2
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    import orjson
+
+    from gateway.config import PolicyConfig, RoutesConfig
+
+    model = RoutesConfig if args.routes else PolicyConfig
+    print(orjson.dumps(model.model_json_schema(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
+    return 0
 
 
 def _policy_check(args: argparse.Namespace) -> int:
