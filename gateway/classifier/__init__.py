@@ -1,0 +1,1 @@
+"""Prompt difficulty classifier: tokenizer, ONNX encoder, micro-batcher, labels, training, export."""
