@@ -39,6 +39,7 @@ class RequestContext:
     outcome: Outcome = "ok"
     error: str | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int = 0  # prompt tokens the backend served from its prefix cache (when it says)
     completion_tokens: int | None = None
     usage_source: UsageSource | None = None
     output_chunks: int = 0  # streamed chunks with content: one token each on llama.cpp and vLLM

@@ -94,3 +94,6 @@ def apply_usage(ctx: RequestContext, usage: object) -> None:
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if isinstance(prompt, int) and isinstance(completion, int):
         ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = prompt, completion, "backend"
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        ctx.cached_tokens = cached if isinstance(cached, int) else 0

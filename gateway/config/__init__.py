@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from datetime import UTC, datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ class GatewayConfig:
     tiers: Mapping[str, Tier]
     tenants_by_key_hash: Mapping[str, TenantPolicy]
     anonymous: TenantPolicy | None
+    baseline: Tier  # what savings are measured against
     version: str
     loaded_at: float
 
@@ -48,12 +50,20 @@ class GatewayConfig:
         if issues:
             raise ConfigError(issues)
         by_hash, anonymous = compile_tenants(policy)
-        return cls(routes, policy, tiers, by_hash, anonymous, version, time.time())
+        baseline = tiers[policy.baseline_tier] if policy.baseline_tier else max(routes.tiers, key=_output_price)
+        return cls(routes, policy, tiers, by_hash, anonymous, baseline, version, time.time())
+
+
+def _output_price(tier: Tier) -> float:
+    """USD for a million output tokens at today's prices: how the default baseline tier is chosen."""
+    from gateway.accounting.cost import cost_usd
+
+    return cost_usd(tier.price_at(datetime.now(UTC).date()), 0, 1_000_000)
 
 
 def _tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:
     """(field, tier name) for every tier a policy names, at the top level and in each tenant."""
-    refs: list[tuple[str, str]] = []
+    refs: list[tuple[str, str]] = [("baseline_tier", policy.baseline_tier)] if policy.baseline_tier else []
     for prefix, limits in [("", policy), *((f"tenants[{i}].", t) for i, t in enumerate(policy.tenants))]:
         if limits.default_tier:
             refs.append((f"{prefix}default_tier", limits.default_tier))

@@ -115,6 +115,9 @@ class Tenant(Limits):
 class PolicyConfig(Limits):
     allow_anonymous: bool = Field(default=False, description="requests without an API key: tenant 'anonymous'")
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    baseline_tier: str | None = Field(
+        default=None, description="savings are measured against this tier (default: the highest output price)"
+    )
     admin_api_key_sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{64}$", description="key for /admin/* (unset: admin endpoints off)"
     )

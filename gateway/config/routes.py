@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["int4", "int8", "fp8", "fp16", "bf16", "fp32"]
 
@@ -14,11 +15,29 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Prices(Frozen):
-    """USD per million tokens."""
+class GpuHour(Frozen):
+    """Price by GPU time: the request's share of an hour at the tier's measured throughput."""
 
-    input_per_mtok: float = Field(ge=0)
-    output_per_mtok: float = Field(ge=0)
+    usd_per_hour: float = Field(ge=0)
+    prefill_tokens_per_s: float = Field(gt=0, description="measured prompt throughput of one replica")
+    decode_tokens_per_s: float = Field(gt=0, description="measured output throughput of one replica (batched)")
+
+
+class Prices(Frozen):
+    """USD per million tokens (or `gpu_hour`), in force from `effective_from` (UTC day) on."""
+
+    effective_from: date | None = None
+    input_per_mtok: float | None = Field(default=None, ge=0)
+    output_per_mtok: float | None = Field(default=None, ge=0)
+    cached_input_per_mtok: float | None = Field(default=None, ge=0, description="prompt tokens from the prefix cache")
+    gpu_hour: GpuHour | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_price(self) -> Prices:
+        by_tokens = self.input_per_mtok is not None and self.output_per_mtok is not None
+        if by_tokens == (self.gpu_hour is not None):
+            raise ValueError("give input_per_mtok and output_per_mtok, or gpu_hour (one of the two)")
+        return self
 
 
 class EmulatorLaunch(Frozen):
@@ -66,8 +85,30 @@ class Tier(Frozen):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     precision: Precision
     context_window: int = Field(gt=0)
-    prices: Prices
+    prices: Prices | tuple[Prices, ...] = Field(description="one price, or a list by effective_from")
     replicas: tuple[Replica, ...] = Field(min_length=1)
+    @field_validator("prices")
+    @classmethod
+    def _dated_in_order(cls, prices: Prices | tuple[Prices, ...]) -> Prices | tuple[Prices, ...]:
+        if isinstance(prices, Prices):
+            return prices
+        if not prices:
+            raise ValueError("give at least one price")
+        dates = [p.effective_from for p in prices[1:]]
+        if any(d is None for d in dates) or dates != sorted(set(dates)):  # type: ignore[type-var]
+            raise ValueError("a list of prices needs effective_from on all but the first, in increasing order")
+        return prices
+
+    def price_at(self, day: date) -> Prices:
+        """The prices in force on `day` (the first entry before any effective date)."""
+        if isinstance(self.prices, Prices):
+            return self.prices
+        current = self.prices[0]
+        for entry in self.prices[1:]:
+            if entry.effective_from is not None and entry.effective_from <= day:
+                current = entry
+        return current
+
     tokenizer: str | None = Field(
         default=None,
         description="counts tokens when the backend reports no usage: a tokenizer.json path, or gguf:<local model>",

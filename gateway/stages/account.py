@@ -32,14 +32,12 @@ class Accountant:
     def settle(self, ctx: RequestContext) -> None:
         ctx.finished_at = now = time.perf_counter()
         self._count_tokens(ctx)
-        prompt, completion = ctx.prompt_tokens or 0, ctx.completion_tokens or 0
-        priced = cost_usd(ctx.tier.prices, prompt, completion) if ctx.tier else 0.0
-        cost = priced if ctx.upstream_started else 0.0
-        avoided = priced if ctx.cache in ("hit", "semantic_hit") else 0.0
+        cost, avoided, baseline = _prices(ctx)
         ctx.cost_usd = cost
         e2e_s = now - ctx.started
         ttft_s = ctx.first_token_at - ctx.started if ctx.first_token_at is not None else None
         tpot_s = None
+        completion = ctx.completion_tokens or 0
         if ctx.stream and ctx.first_token_at is not None and completion > 1:
             tpot_s = (now - ctx.first_token_at) / (completion - 1)
         tier = ctx.tier.name if ctx.tier else None
@@ -56,8 +54,9 @@ class Accountant:
             outcome=ctx.outcome,
             error=ctx.error,
             stream=ctx.stream,
-            prompt_tokens=prompt,
+            prompt_tokens=ctx.prompt_tokens or 0,
             completion_tokens=completion,
+            cached_tokens=ctx.cached_tokens,
             usage_source=ctx.usage_source,
             ttft_ms=_ms(ttft_s),
             tpot_ms=_ms(tpot_s),
@@ -70,6 +69,8 @@ class Accountant:
             cache=ctx.cache,
             cost_usd=cost,
             avoided_cost_usd=avoided,
+            baseline_cost_usd=baseline,
+            saved_usd=round(baseline - cost, 9),
         )
         self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
 
@@ -81,6 +82,21 @@ class Accountant:
         ctx.prompt_tokens = counter.count(ctx.prompt_text())
         ctx.completion_tokens = ctx.output_chunks if ctx.stream else counter.count(ctx.response_text or "")
         ctx.usage_source = "counted"
+
+
+def _prices(ctx: RequestContext) -> tuple[float, float, float]:
+    """(cost, avoided by the cache, the same tokens on the baseline tier), at the prices of the day served.
+
+    Served requests cost their tokens (aborted streams: the tokens generated); cache hits cost 0
+    and avoided their tier's price; requests no backend served cost 0 against a baseline of 0."""
+    hit = ctx.cache in ("hit", "semantic_hit")
+    if ctx.tier is None or not (ctx.upstream_started or hit):
+        return 0.0, 0.0, 0.0
+    day = datetime.fromtimestamp(ctx.ts, UTC).date()
+    tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
+    priced = cost_usd(ctx.tier.price_at(day), *tokens)
+    baseline = cost_usd(ctx.config.baseline.price_at(day), *tokens)
+    return (0.0, priced, baseline) if hit else (priced, 0.0, baseline)
 
 
 def _ms(seconds: float | None) -> float | None:
