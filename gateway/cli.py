@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_args(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--log-file", type=Path, help="append request log lines here instead of stdout")
+    _add_log_args(serve)
     _add_redis_args(serve)
     serve.set_defaults(handler=_serve)
 
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_args(up)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8080)
-    up.add_argument("--log-file", type=Path)
+    _add_log_args(up)
     up.add_argument("--backend-logs", type=Path, default=Path(".gateway/logs"),
                     help="folder for each local backend's output (NAME.log)")
     _add_redis_args(up)
@@ -74,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("--routes", action="store_true", help="the routes file schema instead")
     schema.set_defaults(handler=_policy_schema)
     return parser
+
+
+def _add_log_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-file", type=Path, help="append request log lines here instead of stdout")
+    parser.add_argument("--log-max-bytes", type=int, help="rotate the log file at this size")
+    parser.add_argument("--log-backups", type=int, default=7, help="rotated files kept (size rotation)")
+    parser.add_argument("--log-daily", action="store_true", help="rotate the log file at midnight UTC")
 
 
 def _add_redis_args(parser: argparse.ArgumentParser) -> None:
@@ -130,12 +137,23 @@ def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
     return classifier
 
 
-def _log_stream(path: Path | None) -> BinaryIO | None:
+@contextmanager
+def _logging(args: argparse.Namespace) -> Iterator[None]:
+    """Configure the JSON log (a rotating file or stdout); the file is closed however serving ends."""
     from gateway.accounting.log import configure_logging
+    from gateway.accounting.logfile import RotatingLogFile
 
-    stream = path.open("ab") if path else None
-    configure_logging(stream)
-    return stream
+    if args.log_file is None:
+        configure_logging(None)
+        yield
+        return
+    stream = RotatingLogFile(args.log_file, max_bytes=args.log_max_bytes, backups=args.log_backups,
+                             daily=args.log_daily)
+    configure_logging(stream)  # type: ignore[arg-type]  # a binary file-like object: write, flush
+    try:
+        yield
+    finally:
+        stream.close()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -145,8 +163,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 1
-    _log_stream(args.log_file)
-    with _redis(args, config) as redis_url:
+    with _logging(args), _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
         app = create_app(config, _scorer(config), redis_url, config_files=(args.routes, args.policies))
         server.run(server.serve_until_signal(app, args.host, args.port))
@@ -160,8 +177,7 @@ def _up(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 1
-    _log_stream(args.log_file)
-    with _redis(args, config) as redis_url:
+    with _logging(args), _redis(args, config) as redis_url:
         app = create_app(config, _scorer(config), redis_url, config_files=(args.routes, args.policies))
         return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
 

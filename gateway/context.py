@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
+from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, Endpoint, Outcome, UsageSource
 
 
@@ -59,15 +60,5 @@ class RequestContext:
         return self.tenant.name if self.tenant else "anonymous"
 
     def prompt_text(self) -> str:
-        """The prompt as plain text (messages' text parts joined), for counting and classifying."""
-        if self.endpoint == "completions":
-            prompt = self.body.get("prompt")
-            return prompt if isinstance(prompt, str) else "\n".join(p for p in prompt or () if isinstance(p, str))
-        parts: list[str] = []
-        for message in self.body.get("messages", ()):
-            content = message.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-        return "\n".join(parts)
+        """The prompt as plain text (messages' text parts joined), for limits and classifying."""
+        return prompt_text(self.endpoint, self.body)

@@ -13,13 +13,14 @@ TEST_TENANT = "test-tenant"
 
 
 def tier(name: str, urls: Sequence[str], *, precision: str = "int4", input_per_mtok: float = 1.0,
-         output_per_mtok: float = 2.0, context_window: int = 8192, model: str = "emulated") -> Tier:
+         output_per_mtok: float = 2.0, context_window: int = 8192, model: str = "emulated",
+         tokenizer: str | None = None) -> Tier:
     """A tier whose replicas are `urls` (named NAME-0, NAME-1, ...)."""
     replicas = [{"name": f"{name}-{i}", "url": url, "model": model} for i, url in enumerate(urls)]
     return Tier.model_validate({
         "name": name, "precision": precision, "context_window": context_window,
         "prices": {"input_per_mtok": input_per_mtok, "output_per_mtok": output_per_mtok},
-        "replicas": replicas,
+        "replicas": replicas, "tokenizer": tokenizer,
     })
 
 

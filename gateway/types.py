@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
@@ -53,7 +53,11 @@ class Stage(Protocol):
 
 
 class TokenCounter(Protocol):
+    """Counts tokens as one backend does (see gateway.tokens)."""
+
     def count(self, text: str) -> int: ...
+
+    def count_prompt(self, endpoint: Endpoint, body: dict[str, Any]) -> int: ...
 
 
 class DifficultyScorer(Protocol):

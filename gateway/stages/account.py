@@ -79,7 +79,7 @@ class Accountant:
         if ctx.usage_source == "backend" or not ctx.upstream_started or ctx.tier is None:
             return
         counter = self._counters.for_spec(ctx.tier.tokenizer)
-        ctx.prompt_tokens = counter.count(ctx.prompt_text())
+        ctx.prompt_tokens = counter.count_prompt(ctx.endpoint, ctx.body)
         ctx.completion_tokens = ctx.output_chunks if ctx.stream else counter.count(ctx.response_text or "")
         ctx.usage_source = "counted"
 

@@ -88,3 +88,17 @@ async def test_streaming_completions_on_the_small_tier(client: AsyncOpenAI) -> N
                                              stream=True)
     text = "".join([c.choices[0].text async for c in stream if c.choices])
     assert text.strip()
+
+
+async def test_counted_prompt_tokens_equal_what_llama_cpp_reports(client: AsyncOpenAI) -> None:
+    messages = [{"role": "user", "content": "Summarise: the gateway routes prompts to tiers by difficulty."},
+                {"role": "assistant", "content": "It routes by difficulty."},
+                {"role": "user", "content": "And what does it log?"}]
+    with capture_logs() as logs:
+        reported = await client.chat.completions.create(model="small-q4", messages=messages, max_tokens=2)
+        stream = await client.chat.completions.create(model="small-q4", messages=messages, max_tokens=2, stream=True)
+        [chunk async for chunk in stream]
+    assert reported.usage is not None
+    plain, streamed = [e for e in logs if e["event"] == "request"]
+    assert (plain["usage_source"], streamed["usage_source"]) == ("backend", "counted")
+    assert streamed["prompt_tokens"] == reported.usage.prompt_tokens  # Gemma's template and vocabulary
