@@ -16,7 +16,10 @@ from gateway.cache.background import BackgroundWrites
 from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
 from gateway.cache.prefix import PrefixStore
+from gateway.cache.embeddings import EmbeddingStore
 from gateway.cache.responses import ResponseCache
+from gateway.cache.semantic import SemanticIndex
+from gateway.cache.semantic_cache import SemanticCache
 from gateway.limits.limiter import Limiter
 from gateway.config import GatewayConfig
 from gateway.config.reload import ConfigReloader
@@ -76,16 +79,17 @@ def create_app(
     async def resources(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-            responses, affinity, writes = None, None, BackgroundWrites()
+            responses, affinity, semantic, writes = None, None, None, BackgroundWrites()
             if redis_url:
                 timeout_s = config.routes.redis.op_timeout_ms / 1000
                 gateway.redis = RedisGuard(connect(redis_url), op_timeout_s=timeout_s, registry=metrics.registry)
                 responses = gateway.responses = ResponseCache(gateway.redis, writes)
                 affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
+                semantic = _share_embeddings(scorer, gateway.redis, responses, writes)
             gateway.stages = (
                 ParseStage(), PolicyStage(Limiter(gateway.redis, writes)), ClassifyStage(scorer),
                 RouteStage(gateway.pool, affinity),
-                CacheStage(responses), ProxyStage(session, gateway.pool),
+                CacheStage(responses, semantic), ProxyStage(session, gateway.pool),
             )
             stop_watching = asyncio.Event()
             watcher = asyncio.create_task(gateway.reloader.watch(stop_watching)) if gateway.reloader else None
@@ -103,3 +107,15 @@ def create_app(
     admin.add_routes(app)
     http.add_routes(app)  # last: its catch-all answers unknown paths
     return app
+
+
+def _share_embeddings(scorer: DifficultyScorer | None, guard: RedisGuard, responses: ResponseCache,
+                      writes: BackgroundWrites) -> SemanticCache | None:
+    """With the trained classifier: its embeddings go to Redis (shared by gateway replicas) and feed
+    the semantic cache. Without it there is no encoder, so no semantic cache."""
+    from gateway.classifier.difficulty import DifficultyClassifier
+
+    if not isinstance(scorer, DifficultyClassifier):
+        return None
+    scorer.store = EmbeddingStore(guard)
+    return SemanticCache(SemanticIndex(guard, op_timeout_s=0.02), scorer.embedding, responses, writes)

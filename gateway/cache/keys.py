@@ -32,3 +32,13 @@ def response_key(scope: str, tier: str, endpoint: str, body: dict[str, Any]) -> 
     fields = {name: value for name, value in body.items() if name not in OUTPUT_NEUTRAL}
     canonical = orjson.dumps([scope, tier, endpoint, fields], option=orjson.OPT_SORT_KEYS)
     return "resp:" + hashlib.sha256(canonical).hexdigest()
+
+
+PROMPT_FIELDS = frozenset({"messages", "prompt"})
+
+
+def semantic_namespace(scope: str, tier: str, endpoint: str, body: dict[str, Any]) -> str:
+    """Paraphrases may share an answer only within one scope, tier and set of output-changing parameters."""
+    fields = {n: v for n, v in body.items() if n not in OUTPUT_NEUTRAL and n not in PROMPT_FIELDS}
+    canonical = orjson.dumps([scope, tier, endpoint, fields], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()[:32]

@@ -11,16 +11,19 @@ import time
 from gateway.cache.answers import CachedAnswer, Replay, json_body, sse_body
 from gateway.cache.keys import cacheable, response_key, scope_of
 from gateway.cache.responses import ResponseCache
+from gateway.cache.semantic_cache import SemanticCache
 from gateway.context import RequestContext
-from gateway.types import JsonReply, Reply, StreamReply
+from gateway.types import CacheStatus, JsonReply, Reply, StreamReply
 
 HIT_HEADERS = {"x-gateway-cache": "hit"}
+SEMANTIC_HIT_HEADERS = {"x-gateway-cache": "semantic-hit"}
 STORABLE_FINISH = frozenset({"stop", "length"})
 
 
 class CacheStage:
-    def __init__(self, responses: ResponseCache | None) -> None:
+    def __init__(self, responses: ResponseCache | None, semantic: SemanticCache | None = None) -> None:
         self._responses = responses
+        self._semantic = semantic
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         if self._responses is None or ctx.tier is None:
@@ -31,15 +34,22 @@ class CacheStage:
         if not cacheable(ctx.body, rule):
             ctx.cache = "bypass"
             return None
-        key = response_key(scope_of(ctx.tenant_name, rule), ctx.tier.name, ctx.endpoint, ctx.body)
+        scope = scope_of(ctx.tenant_name, rule)
+        key = response_key(scope, ctx.tier.name, ctx.endpoint, ctx.body)
         answer = await self._responses.get(key)
-        if answer is None:
-            ctx.cache, ctx.cache_key = "miss", key
-            ctx.finishers.append(lambda done: self._store(done, rule.ttl_s))
-            return None
-        return _replay(ctx, answer)
+        if answer is not None:
+            return _replay(ctx, answer, "hit")
+        semantic = self._semantic if rule.semantic is not None else None
+        if semantic is not None and rule.semantic is not None:
+            found = await semantic.lookup(scope, ctx.tier.name, ctx.endpoint, ctx.body, ctx.prompt_text(),
+                                          rule.semantic)
+            if found is not None:
+                return _replay(ctx, found[0], "semantic_hit")
+        ctx.cache, ctx.cache_key = "miss", key
+        ctx.finishers.append(lambda done: self._store(done, rule.ttl_s, scope if semantic else None))
+        return None
 
-    def _store(self, ctx: RequestContext, ttl_s: int) -> None:
+    def _store(self, ctx: RequestContext, ttl_s: int, semantic_scope: str | None) -> None:
         complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None and not ctx.output_capped
         if not complete or ctx.finish_reason not in STORABLE_FINISH or ctx.response_text is None:
             return
@@ -49,10 +59,14 @@ class CacheStage:
         answer = CachedAnswer(ctx.response_text, ctx.finish_reason or "stop", ctx.prompt_tokens,
                               ctx.completion_tokens, model)
         self._responses.put_later(ctx.cache_key, answer, ttl_s)
+        if semantic_scope is not None and self._semantic is not None and ctx.tier is not None:
+            self._semantic.remember(semantic_scope, ctx.tier.name, ctx.endpoint, ctx.body, ctx.prompt_text(),
+                                    ctx.cache_key, ttl_s)
 
 
-def _replay(ctx: RequestContext, answer: CachedAnswer) -> Reply:
-    ctx.cache = "hit"
+def _replay(ctx: RequestContext, answer: CachedAnswer, status: CacheStatus) -> Reply:
+    ctx.cache = status
+    headers = HIT_HEADERS if status == "hit" else SEMANTIC_HIT_HEADERS
     ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = (
         answer.prompt_tokens, answer.completion_tokens, "cache")
     ctx.finish_reason = answer.finish_reason
@@ -60,5 +74,5 @@ def _replay(ctx: RequestContext, answer: CachedAnswer) -> Reply:
     ctx.first_token_at = time.perf_counter()
     if ctx.stream:
         body = sse_body(ctx.endpoint, answer, ctx.request_id, ctx.client_wants_usage)
-        return StreamReply(Replay(body), HIT_HEADERS)
-    return JsonReply(200, json_body(ctx.endpoint, answer, ctx.request_id), HIT_HEADERS)
+        return StreamReply(Replay(body), headers)
+    return JsonReply(200, json_body(ctx.endpoint, answer, ctx.request_id), headers)
