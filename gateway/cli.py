@@ -23,8 +23,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         _parser().print_help()
         return 2
-    result: int = handler(args)
+    try:
+        result: int = handler(args)
+    except BrokenPipeError:  # `gateway costs ... | head`
+        sys.stderr.close()
+        return 0
     return result
+
+
+def _costs(rest: Sequence[str]) -> int:
+    from gateway.accounting.report import run_costs
+
+    return run_costs(rest)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     emulate.add_argument("--profile", default="int4")
     emulate.add_argument("--seed", type=int, default=0)
     emulate.set_defaults(handler=_emulate)
+
+    costs = commands.add_parser("costs", add_help=False,
+                                help="cost report over request logs: totals, percentiles, savings, CSV, chart")
+    costs.add_argument("rest", nargs=argparse.REMAINDER)
+    costs.set_defaults(handler=lambda args: _costs(args.rest))
 
     route = commands.add_parser("route", help="routing tools").add_subparsers()
     explain = route.add_parser("explain", help="show how a request would be routed (nothing is sent)")

@@ -1,0 +1,178 @@
+"""One request log line -> a validated `Record`, or the reason it was skipped.
+
+Money is read from the line's own text. orjson parses the structure (and catches broken JSON);
+for each money field the numeric token is then located in the raw bytes and handed to
+`Decimal` as written, so totals are the exact decimal sum of what the gateway logged, not of
+binary floats. The token is cross-checked against orjson's float (`float(text) == value`); if
+the check fails (a duplicated key, say) the field falls back to `Decimal(repr(value))`, which for
+orjson-written lines is the same number anyway (both print the shortest round-tripping digits).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+
+import orjson
+
+HIT_STATES = frozenset({"hit", "semantic_hit"})
+_ZERO = Decimal(0)
+_MISSING: Any = object()
+_NUMBERS = (int, float)
+_LATENCY = (int, float, type(None))
+_MONEY = ("cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd")
+_NEEDLES = {key: b'"' + key.encode() + b'"' for key in _MONEY}
+_NUMBER = re.compile(rb"[ \t]*:[ \t]*(-?[0-9][0-9.eE+-]*)")
+
+
+class Skip(Enum):
+    """Why a line was not counted; the first three are 'malformed'."""
+
+    NOT_JSON = "not JSON"
+    MISSING_FIELD = "missing field"
+    WRONG_TYPE = "wrong type"
+    OTHER_EVENT = "other event"
+    BLANK = "blank"
+
+
+@dataclass(slots=True)
+class Record:
+    """The fields of a request line that the cost report uses."""
+
+    day: date  # UTC
+    tenant: str
+    tier: str | None
+    status: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None
+    e2e_ms: float | None
+    cache_hit: bool
+    cost: Decimal
+    avoided: Decimal
+    baseline: Decimal
+    saved: Decimal
+    priced_baseline: bool  # the line carried baseline_cost_usd or saved_usd
+
+    @property
+    def served(self) -> bool:
+        return 200 <= self.status < 300
+
+
+class Malformed(Exception):
+    """A request line that cannot be used; `reason` says which kind, `field` which field."""
+
+    def __init__(self, reason: Skip, field: str) -> None:
+        super().__init__(f"{reason.value}: {field}")
+        self.reason = reason
+        self.field = field
+
+
+def parse_line(line: bytes) -> Record | Skip:
+    """The record a line holds, or why it holds none (malformed, other event or blank)."""
+    if not line.strip():
+        return Skip.BLANK
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return Skip.NOT_JSON
+    if type(obj) is not dict:
+        return Skip.NOT_JSON
+    if obj.get("event") != "request":
+        return Skip.OTHER_EVENT
+    try:
+        return _record(obj, line)
+    except Malformed as exc:
+        return exc.reason
+
+
+def explain(line: bytes) -> str:
+    """A one-phrase reason for a malformed line, naming the field (for the report's examples)."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return f"not JSON ({exc})"
+    if type(obj) is not dict:
+        return "not JSON (not an object)"
+    try:
+        _record(obj, line)
+    except Malformed as exc:
+        return str(exc)
+    return "ok"
+
+
+def _record(obj: dict[str, Any], line: bytes) -> Record:
+    """Fast path: check every field in one expression; on failure, `_diagnose` names the culprit."""
+    get = obj.get
+    ts, tenant, tier, status = get("ts"), get("tenant"), get("tier", _MISSING), get("status")
+    prompt, completion, cache = get("prompt_tokens"), get("completion_tokens"), get("cache")
+    ttft, e2e = get("ttft_ms", _MISSING), get("e2e_ms", _MISSING)
+    if not (
+        type(ts) is str and type(tenant) is str and (tier is None or type(tier) is str) and type(status) is int
+        and type(prompt) is int and prompt >= 0 and type(completion) is int and completion >= 0
+        and type(cache) is str and (ttft is None or _is_latency(ttft)) and (e2e is None or _is_latency(e2e))
+    ):  # fmt: skip
+        raise _diagnose(obj)
+    cost = _money(obj, line, "cost_usd")
+    if cost is None:
+        raise Malformed(Skip.MISSING_FIELD, "cost_usd")
+    baseline, saved = _money(obj, line, "baseline_cost_usd"), _money(obj, line, "saved_usd")
+    priced = baseline is not None or saved is not None
+    if baseline is None:
+        baseline = cost + saved if saved is not None else _ZERO
+    if saved is None:
+        saved = baseline - cost if priced else _ZERO
+    return Record(
+        _day(ts), tenant, tier, status, prompt, completion, ttft, e2e, cache in HIT_STATES,
+        cost, _money(obj, line, "avoided_cost_usd") or _ZERO, baseline, saved, priced,
+    )  # fmt: skip
+
+
+def _is_latency(value: Any) -> bool:
+    return type(value) in _NUMBERS and 0 <= value < math.inf
+
+
+def _diagnose(obj: dict[str, Any]) -> Malformed:
+    """The first missing or mistyped field of a line the fast path refused."""
+    kinds: dict[str, tuple[type, ...]] = {
+        "ts": (str,), "tenant": (str,), "tier": (str, type(None)), "status": (int,), "prompt_tokens": (int,),
+        "completion_tokens": (int,), "cache": (str,), "ttft_ms": _LATENCY, "e2e_ms": _LATENCY,
+    }  # fmt: skip
+    for key, allowed in kinds.items():
+        value = obj.get(key, _MISSING)
+        if value is _MISSING:
+            return Malformed(Skip.MISSING_FIELD, key)
+        if type(value) not in allowed or (type(value) in _NUMBERS and not 0 <= value < math.inf):
+            return Malformed(Skip.WRONG_TYPE, key)
+    return Malformed(Skip.WRONG_TYPE, "?")
+
+
+def _day(ts: str) -> date:
+    try:
+        moment = datetime.fromisoformat(ts)
+    except ValueError:
+        raise Malformed(Skip.WRONG_TYPE, "ts") from None
+    if moment.tzinfo is not None and moment.utcoffset():
+        moment = moment.astimezone(UTC)
+    return moment.date()
+
+
+def _money(obj: dict[str, Any], line: bytes, key: str) -> Decimal | None:
+    """The field's exact decimal value from its token text; None if absent or null."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) not in _NUMBERS or not -math.inf < value < math.inf or (value < 0 and key != "saved_usd"):
+        raise Malformed(Skip.WRONG_TYPE, key)
+    if value == 0:
+        return _ZERO
+    at = line.find(_NEEDLES[key])
+    match = _NUMBER.match(line, at + len(_NEEDLES[key])) if at >= 0 else None
+    if match is not None and float(match[1]) == value:
+        return Decimal(match[1].decode())
+    return Decimal(repr(value))

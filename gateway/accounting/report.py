@@ -1,0 +1,138 @@
+"""`gateway costs`: totals by tenant / tier / day over rotated request logs, as a table, CSV and chart.
+
+    gateway costs LOGS... [--by tenant,tier,day] [--from DATE] [--to DATE] [--csv OUT] [--plot OUT]
+
+Also runnable as `python -m gateway.accounting.report LOGS...`. Exit status: 0 done, 1 the CSV or
+chart could not be written, 2 bad arguments or unreadable log files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import decimal
+import sys
+from collections.abc import Callable, Sequence
+from datetime import date
+from pathlib import Path
+from typing import TextIO
+
+from gateway.accounting.aggregate import DIMENSIONS, DailyCosts, GroupKey, Grouped, GroupStats, aggregate
+from gateway.accounting.reader import ReadStats, read_records
+from gateway.accounting.records import Skip
+from gateway.accounting.render import table, write_csv
+
+# Sums run in a context wide enough never to round, and trap if they ever would.
+EXACT = decimal.Context(prec=60, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow])
+
+
+def _dimensions(text: str) -> tuple[str, ...]:
+    parts = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in parts if p not in DIMENSIONS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(DIMENSIONS)} (got {text!r})")
+    return parts
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gateway costs", description="Cost report over request logs (plain or .gz), read in the order given."
+    )
+    p.add_argument("logs", nargs="+", type=Path, metavar="LOGS", help="request log files, e.g. requests.log*")
+    p.add_argument("--by", type=_dimensions, default=("tenant", "tier"), help="group keys (default tenant,tier)")
+    p.add_argument("--from", dest="day_from", type=_day, metavar="DATE", help="first UTC day kept (inclusive)")
+    p.add_argument("--to", dest="day_to", type=_day, metavar="DATE", help="last UTC day kept (inclusive)")
+    p.add_argument("--csv", type=Path, metavar="OUT", help="also write the rows as CSV")
+    p.add_argument("--plot", type=Path, metavar="OUT", help="also draw cost by tier per day as a PNG (matplotlib)")
+    return p
+
+
+def run_costs(argv: Sequence[str]) -> int:
+    """Entry point of `gateway costs`; returns the exit status."""
+    try:
+        args = parser().parse_args(list(argv))
+    except SystemExit as exc:  # argparse: --help or a usage error, already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    problem = _check(args)
+    if problem:
+        print(f"gateway costs: {problem}", file=sys.stderr)
+        return 2
+    with decimal.localcontext(EXACT):
+        return _report(args, sys.stdout)
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    """Fail before a long read: missing files, an empty range, no matplotlib for --plot."""
+    if args.day_from and args.day_to and args.day_from > args.day_to:
+        return f"--from {args.day_from} is after --to {args.day_to}"
+    unreadable = [str(p) for p in args.logs if not p.is_file()]
+    if unreadable:
+        return f"not a readable file: {', '.join(unreadable)}"
+    if args.plot:
+        from gateway.accounting.plot import missing_matplotlib
+
+        return missing_matplotlib()
+    return None
+
+
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    stats = ReadStats()
+    grouped = Grouped(args.by)
+    daily = DailyCosts() if args.plot else None
+    aggregate(read_records(args.logs, stats, args.day_from, args.day_to), grouped, daily)
+    rows, total = grouped.rows(), grouped.total()
+    span = f"UTC days {stats.first_day} .. {stats.last_day}" if stats.records else "no request lines"
+    asked = f" (asked: {args.day_from or '...'} .. {args.day_to or '...'})" if args.day_from or args.day_to else ""
+    print(f"Costs by {', '.join(args.by)}: {span}{asked}, {stats.files} file(s)\n", file=out)
+    print(table(args.by, rows, total), file=out)
+    status = 0
+    if args.csv:
+        status |= _write(args.csv, lambda: _csv(args, rows, total), out)
+    if daily is not None:
+        from gateway.accounting.plot import draw
+
+        status |= _write(args.plot, lambda: draw(daily, args.plot), out)
+    print("\n" + summary(stats, total.unpriced_baseline), file=out)
+    return status
+
+
+def _csv(args: argparse.Namespace, rows: list[tuple[GroupKey, GroupStats]], total: GroupStats) -> None:
+    with open(args.csv, "w", newline="", encoding="utf-8") as f:
+        write_csv(f, args.by, rows, total)
+
+
+def _write(path: Path, write: Callable[[], None], out: TextIO) -> int:
+    """Run one output writer; 0 and a note on stdout, or 1 and the reason on stderr."""
+    try:
+        write()
+    except OSError as exc:
+        print(f"gateway costs: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"\nWrote {path}", file=out)
+    return 0
+
+
+def summary(stats: ReadStats, unpriced: int) -> str:
+    """What was read and what was skipped, with the first malformed lines located."""
+    s = stats.skipped
+    lines = [
+        f"Lines read: {stats.lines:,} in {stats.files} file(s); request lines counted: {stats.records:,}; "
+        f"outside the date range: {stats.out_of_range:,}; other events: {s[Skip.OTHER_EVENT]:,}; "
+        f"blank: {s[Skip.BLANK]:,}",
+        f"Malformed lines skipped: {stats.malformed:,} (not JSON: {s[Skip.NOT_JSON]:,}, "
+        f"missing field: {s[Skip.MISSING_FIELD]:,}, wrong type: {s[Skip.WRONG_TYPE]:,})",
+        f"Unpriced baseline (no baseline_cost_usd / saved_usd, routing savings counted as 0): {unpriced:,}",
+    ]
+    lines += [f"  e.g. {example}" for example in stats.examples]
+    lines += [f"Unreadable: {error}" for error in stats.file_errors]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_costs(sys.argv[1:]))
