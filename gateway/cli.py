@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,17 +18,23 @@ DEFAULT_POLICIES = "policies/local.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["costs"]:  # its own parser takes every option, --help included
+        return _guarded(lambda: _costs(argv[1:]))
     args = _parser().parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
         _parser().print_help()
         return 2
+    return _guarded(lambda: int(handler(args)))
+
+
+def _guarded(run: Callable[[], int]) -> int:
     try:
-        result: int = handler(args)
+        return run()
     except BrokenPipeError:  # `gateway costs ... | head`
         sys.stderr.close()
         return 0
-    return result
 
 
 def _costs(rest: Sequence[str]) -> int:
@@ -66,10 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     emulate.add_argument("--seed", type=int, default=0)
     emulate.set_defaults(handler=_emulate)
 
-    costs = commands.add_parser("costs", add_help=False,
-                                help="cost report over request logs: totals, percentiles, savings, CSV, chart")
-    costs.add_argument("rest", nargs=argparse.REMAINDER)
-    costs.set_defaults(handler=lambda args: _costs(args.rest))
+    commands.add_parser("costs", help="cost report over request logs: totals, percentiles, savings, CSV, chart")
 
     route = commands.add_parser("route", help="routing tools").add_subparsers()
     explain = route.add_parser("explain", help="show how a request would be routed (nothing is sent)")
