@@ -4,6 +4,7 @@ replies into responses, and GatewayError into the OpenAI error JSON."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from collections.abc import Mapping
 import time
@@ -23,6 +24,13 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 POST_PATHS = ("/v1/chat/completions", "/v1/completions")
 
 log = structlog.get_logger("gateway.http")
+_ID_PREFIX = os.urandom(6).hex()  # per process: ids stay unique across gateway replicas
+_ID_COUNTER = itertools.count(1)
+
+
+def next_request_id() -> str:
+    """A unique request id without a syscall per request: a random process prefix and a counter."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 def add_routes(app: web.Application) -> None:
@@ -46,7 +54,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     ctx = RequestContext(
-        os.urandom(12).hex(), endpoint, gateway.config, b"", _bearer(request), time.perf_counter(), time.time()
+        next_request_id(), endpoint, gateway.config, b"", _bearer(request), time.perf_counter(), time.time()
     )
     gateway.metrics.in_flight.inc()
     reply = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -46,6 +47,7 @@ async def serve_until_signal(app: web.Application, host: str, port: int, stop: a
     """Serve until SIGINT or SIGTERM (or `stop` is set), then shut down cleanly."""
     stop = stop or stop_on_signals()
     runner, _ = await start(app, host, port)
+    gc.freeze()  # what start-up allocated is long-lived: keep it out of every collection
     try:
         await stop.wait()
     finally:

@@ -20,5 +20,5 @@ def configure_logging(stream: BinaryIO | None = None, level: int = logging.INFO)
         ],
         logger_factory=structlog.BytesLoggerFactory(stream or sys.stdout.buffer),
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=True,  # serving only: tests leave logging unconfigured for capture_logs
     )

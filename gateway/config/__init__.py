@@ -6,7 +6,7 @@ import hashlib
 import time
 from datetime import UTC, datetime
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.config.loader import ConfigError, ConfigIssue, check_file, load_policy, load_routes
@@ -40,6 +40,7 @@ class GatewayConfig:
     baseline: Tier  # what savings are measured against
     version: str
     loaded_at: float
+    tenants_by_key: dict[str, TenantPolicy] = field(default_factory=dict)  # keys seen valid (hash once)
 
     @classmethod
     def build(cls, routes: RoutesConfig, policy: PolicyConfig, version: str = "inline") -> GatewayConfig:

@@ -33,6 +33,7 @@ class ConfigReloader:
     def __init__(self, routes: Path, policy: Path, apply: Callable[[GatewayConfig], None],
                  prepare: Callable[[GatewayConfig], None] = lambda config: None) -> None:
         self.state = ReloadState((routes.resolve(), policy.resolve()))
+        self._names = frozenset(str(path) for path in self.state.files)  # compared as given: no syscalls
         self._apply = apply
         self._prepare = prepare  # slow work for a new version (tokenizers): runs off the event loop
         self._lock = asyncio.Lock()
@@ -64,7 +65,7 @@ class ConfigReloader:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
         folders = {path.parent for path in self.state.files}
         try:
-            async for changes in watchfiles.awatch(*folders, stop_event=stop, debounce=100, step=20,
+            async for changes in watchfiles.awatch(*folders, stop_event=stop, debounce=100, step=200,
                                                    watch_filter=self._is_ours):
                 if changes:
                     await self.reload()
@@ -72,4 +73,5 @@ class ConfigReloader:
             loop.remove_signal_handler(signal.SIGHUP)
 
     def _is_ours(self, change: watchfiles.Change, path: str) -> bool:
-        return Path(path).resolve() in self.state.files
+        """Called for every change in the watched folders (a log file there too): a set lookup only."""
+        return path in self._names

@@ -44,9 +44,12 @@ def resolve_tenant(config: GatewayConfig, api_key: str | None) -> TenantPolicy:
         if config.anonymous is not None:
             return config.anonymous
         raise AuthenticationFailed("missing API key: send 'Authorization: Bearer <key>'")
-    tenant = config.tenants_by_key_hash.get(hashlib.sha256(api_key.encode()).hexdigest())
+    tenant = config.tenants_by_key.get(api_key)
     if tenant is None:
-        raise AuthenticationFailed("invalid API key")
+        tenant = config.tenants_by_key_hash.get(hashlib.sha256(api_key.encode()).hexdigest())
+        if tenant is None:
+            raise AuthenticationFailed("invalid API key")
+        config.tenants_by_key[api_key] = tenant  # valid keys only: bounded by the tenants' keys in use
     return tenant
 
 
