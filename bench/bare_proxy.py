@@ -11,7 +11,7 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
-SKIP = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+SKIP = frozenset({"transfer-encoding", "connection", "keep-alive"})  # hop-by-hop; Content-Length passes
 
 
 def create_app(upstream: str) -> web.Application:
@@ -26,7 +26,8 @@ def create_app(upstream: str) -> web.Application:
         body = await request.read()
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         async with app["session"].post(upstream + request.path_qs, data=body, headers=headers) as up:
-            resp = web.StreamResponse(status=up.status, headers={k: v for k, v in up.headers.items() if k.lower() not in SKIP})
+            kept = {k: v for k, v in up.headers.items() if k.lower() not in SKIP}
+            resp = web.StreamResponse(status=up.status, headers=kept)
             await resp.prepare(request)
             async for chunk in up.content.iter_any():
                 await resp.write(chunk)
