@@ -767,7 +767,7 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
     bare = procs.start("bare proxy", [py, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(bare_port),
                                       "--upstream", f"http://127.0.0.1:{emu_port}"], proxy_cpus, tmp / "bare.out")
     src = args.gateway_src.resolve() if args.gateway_src else ROOT  # `python -m gateway` imports from its cwd
-    policy = next(p for p in (src / "policies" / "default.yaml", ROOT / "policies" / "default.yaml") if p.exists())
+    policy = next(p for p in (src / "policies" / "emulator.yaml", ROOT / "policies" / "emulator.yaml") if p.exists())
     gw = procs.start("gateway", [py, "-m", "gateway", "serve", "--routes", str(routes), "--policies",
                                  str(policy), "--host", "127.0.0.1", "--port",
                                  str(gw_port), "--log-file", str(gw_log)], proxy_cpus, tmp / "gateway.out", cwd=src)
