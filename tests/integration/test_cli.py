@@ -3,7 +3,6 @@
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ import psutil
 import pytest
 from openai import OpenAI
 
+from gateway.local.redis_server import free_port
+
 KEY = "sk-cli"
 POLICY = f"""
 default_tier: small
@@ -23,11 +24,6 @@ tenants:
   - {{name: cli, api_key_sha256: {hashlib.sha256(KEY.encode()).hexdigest()}}}
 """
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def routes(port: int, launch: bool) -> str:

@@ -1,7 +1,6 @@
 """The real path: the gateway in front of real llama.cpp servers (Gemma 3 270M, Q4_K_M and F16)."""
 
 import asyncio
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -9,17 +8,13 @@ from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
 from gateway.config import GatewayConfig, PolicyConfig, RoutesConfig
+from gateway.local.redis_server import free_port
 from gateway.local.children import start_children, stop_children, wait_healthy
 from gateway.testing import TEST_API_KEY, gateway_config
 from tests.conftest import StartGateway
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
