@@ -1,5 +1,6 @@
 # `make run` and `make test` create .venv if missing and install what they need
-# (the `local` extra builds llama-cpp-python from source once, ~6 minutes; pip caches the wheel).
+# (the `local` extra builds llama-cpp-python from source once, ~6 minutes; pip caches the wheel;
+# the `train` extra brings torch 2.13.0 (CPU), used by the exporter, its parity test and `gateway train`).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev,local]'
+	$(BIN)/pip install -q -e '.[dev,local,train]'
 	touch $@
 
 run: $(VENV)/.installed
