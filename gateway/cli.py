@@ -19,8 +19,8 @@ DEFAULT_POLICIES = "policies/local.yaml"
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["costs"]:  # its own parser takes every option, --help included
-        return _guarded(lambda: _costs(argv[1:]))
+    if argv[:1] and argv[0] in PASS_THROUGH:  # their own parsers take every option, --help included
+        return _guarded(lambda: _pass_through(argv[0], argv[1:]))
     args = _parser().parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
@@ -37,10 +37,25 @@ def _guarded(run: Callable[[], int]) -> int:
         return 0
 
 
-def _costs(rest: Sequence[str]) -> int:
-    from gateway.accounting.report import run_costs
+PASS_THROUGH = {
+    "costs": "cost report over request logs: totals, percentiles, savings, CSV, chart",
+    "train": "fit the difficulty head on a labeled JSONL and export it (the train extra)",
+    "calibrate": "set routing bands so given shares of a prompt sample reach each tier",
+}
 
-    return run_costs(rest)
+
+def _pass_through(command: str, rest: Sequence[str]) -> int:
+    if command == "costs":
+        from gateway.accounting.report import run_costs
+
+        return run_costs(rest)
+    if command == "train":
+        from gateway.classifier.train import run_train
+
+        return run_train(rest)
+    from gateway.classifier.calibrate import run_calibrate
+
+    return run_calibrate(rest)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     emulate.add_argument("--seed", type=int, default=0)
     emulate.set_defaults(handler=_emulate)
 
-    commands.add_parser("costs", help="cost report over request logs: totals, percentiles, savings, CSV, chart")
+    for name, summary in PASS_THROUGH.items():
+        commands.add_parser(name, help=summary)
 
     route = commands.add_parser("route", help="routing tools").add_subparsers()
     explain = route.add_parser("explain", help="show how a request would be routed (nothing is sent)")

@@ -1,0 +1,385 @@
+"""`gateway train`: fit the difficulty head on labeled prompts and write its artifacts.
+
+    gateway train --data models/difficulty/labels/sharegpt-nll.jsonl --out models/difficulty
+        [--epochs 100] [--l2 X] [--heldout-share 0.2] [--encoder-variant int8] [--eval-variants fp32]
+
+Rows: `prompt` plus `label` in [0, 1], or RouteLLM's `winner` (strong -> 1, weak -> 0, tie -> 0.5);
+an unfinalized labeling file (`nll` only) gets rank labels as `labeling --finalize` would give.
+`split` (train | heldout) is used when present, else a hash of `id` (or of the prompt) decides.
+L2 is picked on hash-sliced validation folds of train (mean AUC, ties by cross-entropy), refit on
+all of train and Platt-scaled on its out-of-fold scores, so the score estimates P(label >= 0.5)
+(a monotone map: the ranking and AUC are those of the soft-target fit). `--eval-variants` scores
+the held-out set with other encoder variants; one within 0.01 AUC is recorded as compatible
+(`load_classifier` serves only compatible variants, e.g. fp16 on CUDA).
+Writes head.onnx, metrics.json, thresholds.json and calibration.png; train-time only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.classifier.embedding_cache import cache_key
+from gateway.classifier.encoder import VARIANTS, EncoderSession, default_model_path
+from gateway.classifier.calibrate import auc, evaluate, write_calibration_plot
+from gateway.classifier.difficulty import file_sha256
+from gateway.classifier.head import HeadParams, fit_head, log_chars, newton_logistic
+from gateway.classifier.labeling import guess_language, rank_labels
+
+L2_GRID = (1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
+AUC_TOLERANCE = 0.005  # validation AUCs this close count as a tie, broken by cross-entropy
+WINNER_LABELS = {"strong": 1.0, "weak": 0.0, "tie": 0.5}
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class LabeledPrompt:
+    key: str  # the row's id, else the hash of its prompt
+    prompt: str
+    label: float
+    split: str
+    language: str
+
+
+def hash_split(key: str, heldout_share: float) -> str:
+    """"heldout" for ~heldout_share of keys (the id's `_N` part suffix ignored), else "train"."""
+    stem = key.rsplit("_", 1)[0] if "_" in key else key
+    bucket = int.from_bytes(hashlib.sha256(stem.encode()).digest()[:8], "big") % 100
+    return "heldout" if bucket < round(heldout_share * 100) else "train"
+
+
+def row_label(row: dict[str, Any], where: str) -> float | None:
+    """`label` in [0, 1], or `winner` mapped to 1 / 0 / 0.5; None when the row has neither."""
+    if row.get("label") is not None:
+        label = float(row["label"])
+        if not 0.0 <= label <= 1.0:
+            raise ValueError(f"{where}: label {label} is outside [0, 1]")
+        return label
+    if "winner" in row:
+        winner = str(row["winner"]).strip().lower()
+        key = "tie" if winner.startswith("tie") else winner
+        if key not in WINNER_LABELS:
+            raise ValueError(f"{where}: winner {row['winner']!r} is not strong, weak or tie")
+        return WINNER_LABELS[key]
+    return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a torn last line (a file still being written) is skipped."""
+    lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines(): prompts hold U+2028 etc.
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if n >= len(lines) - 1 and not "".join(lines[n:]).strip():
+                break  # the torn last line of a file still being written
+            raise ValueError(f"{path}:{n}: not JSON ({err})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f"{path}:{n}: a row needs a string `prompt`")
+        rows.append(row)
+    return rows
+
+
+def load_labeled(path: Path, heldout_share: float = 0.2) -> tuple[list[LabeledPrompt], str]:
+    """Labeled prompts of `path` and where their labels came from (label | winner | nll-rank)."""
+    rows = read_jsonl(path)
+    if not rows:
+        raise ValueError(f"{path} has no rows")
+    labels = [row_label(r, f"{path}:{i + 1}") for i, r in enumerate(rows)]
+    source = "winner" if all("winner" in r and r.get("label") is None for r in rows) else "label"
+    if all(label is None for label in labels) and all("nll" in r for r in rows):
+        labels, source = list(rank_labels([float(r["nll"]) for r in rows])), "nll-rank"
+    if (missing := [i + 1 for i, label in enumerate(labels) if label is None]):
+        raise ValueError(f"{path}: rows {missing[:5]} have no label, winner or nll")
+    out = []
+    for row, label in zip(rows, labels, strict=True):
+        key = str(row.get("id") or cache_key(row["prompt"]))
+        split = row.get("split")
+        if split not in ("train", "heldout"):
+            split = hash_split(key, heldout_share)
+        language = str(row.get("language") or guess_language(row["prompt"]))
+        out.append(LabeledPrompt(key, row["prompt"], float(label or 0.0), split, language))
+    return out, source
+
+
+class Progress:
+    """A one-line progress bar on stderr (redrawn at most every 0.2 s)."""
+
+    def __init__(self, total: int, label: str, width: int = 30) -> None:
+        self.total, self.label, self.width = max(total, 1), label, width
+        self.done, self.started, self._drawn = 0, time.perf_counter(), 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if now - self._drawn >= 0.2 or self.done >= self.total:
+            self._drawn = now
+            filled = self.width * self.done // self.total
+            rate = self.done / max(now - self.started, 1e-9)
+            bar = "#" * filled + "." * (self.width - filled)
+            print(f"\r{self.label} [{bar}] {self.done}/{self.total} {rate:.1f}/s", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        print(file=sys.stderr, flush=True)
+
+
+def embed_texts(encoder: EncoderSession, texts: Sequence[str], label: str, batch: int = 32) -> npt.NDArray[np.float32]:
+    """Embeddings (n, 384) in batches of `batch`, shortest texts first (less padding); progress on stderr."""
+    out = np.zeros((len(texts), 384), dtype=np.float32)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    progress = Progress(len(texts), f"embed {label}")
+    for start in range(0, len(order), batch):
+        idx = order[start : start + batch]
+        out[idx] = encoder.embed([texts[i] for i in idx])
+        progress.update(len(idx))
+    progress.close()
+    return out
+
+
+class EmbeddingFile:
+    """Optional on-disk cache of embeddings for one encoder file (an .npz keyed by cache_key)."""
+
+    def __init__(self, directory: Path | None, encoder_sha256: str) -> None:
+        self.path = directory / f"{encoder_sha256[:16]}.npz" if directory else None
+        self.rows: dict[str, npt.NDArray[np.float32]] = {}
+        if self.path is not None and self.path.is_file():
+            with np.load(self.path) as data:
+                self.rows = dict(zip((str(k) for k in data["keys"]), data["emb"], strict=True))
+
+    def embed(self, encoder: EncoderSession, texts: Sequence[str], label: str) -> npt.NDArray[np.float32]:
+        keys = [cache_key(t) for t in texts]
+        todo = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in self.rows}.items())
+        if todo:
+            fresh = embed_texts(encoder, [t for _, t in todo], label)
+            self.rows.update(zip((k for k, _ in todo), fresh, strict=True))
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(".tmp.npz")
+                np.savez(tmp, keys=np.array(list(self.rows)), emb=np.stack(list(self.rows.values())))
+                tmp.replace(self.path)
+        return np.stack([self.rows[k] for k in keys]).astype(np.float32)
+
+
+def features(embeddings: npt.NDArray[np.float32], texts: Sequence[str]) -> F64:
+    """The head's input row per prompt: embedding (384) then log1p(chars)."""
+    return np.hstack([embeddings.astype(np.float64), log_chars(texts).astype(np.float64)])
+
+
+def encoder_path(variant: str, directory: Path | None) -> Path:
+    """The encoder file of `variant`: in `directory` when given, else the shipped one."""
+    if directory is None:
+        return default_model_path(variant)
+    path = directory / VARIANTS[variant]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing (see models/minilm-l6-v2/MODEL_CARD.md to export it)")
+    return path
+
+
+def fold_of(key: str, seed: int, folds: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big") % folds
+
+
+def out_of_fold(x: F64, y: F64, fold: npt.NDArray[np.int64], l2: float, standardize: str, max_iter: int) -> F64:
+    """Each train row's score by the head fitted on the other folds."""
+    oof = np.zeros(len(y))
+    for f in np.unique(fold):
+        head, _ = fit_head(x[fold != f], y[fold != f], l2, standardize=standardize, max_iter=max_iter)
+        oof[fold == f] = head.predict(x[fold == f])
+    return oof
+
+
+def select_l2(
+    x: F64, y: F64, fold: npt.NDArray[np.int64], grid: Sequence[float], standardize: str, max_iter: int
+) -> tuple[float, F64, list[dict[str, float | None]]]:
+    """The L2 of `grid` to use, its out-of-fold scores, and the search table.
+
+    Each L2 gets the mean AUC over the validation folds (per fold: each fold's model has its own
+    offset) and the out-of-fold cross-entropy against the soft labels. Among the L2s within
+    AUC_TOLERANCE of the best AUC (noise at this size), the lowest cross-entropy wins.
+    """
+    table: list[dict[str, float | None]] = []
+    runs: list[tuple[float, float, float, F64]] = []
+    for l2 in grid:
+        oof = out_of_fold(x, y, fold, l2, standardize, max_iter)
+        p = np.clip(oof, 1e-7, 1 - 1e-7)
+        bce = float(np.mean(-(y * np.log(p) + (1 - y) * np.log(1 - p))))
+        per_fold = [auc(oof[fold == f], y[fold == f] >= 0.5) for f in np.unique(fold)]
+        known = [a for a in per_fold if a is not None]
+        val_auc = round(float(np.mean(known)), 4) if known else None
+        table.append({"l2": l2, "val_auc": val_auc, "val_bce": round(bce, 5)})
+        runs.append((val_auc or 0.0, bce, l2, oof))
+    top = max(r[0] for r in runs)
+    _, _, l2, oof = min((r for r in runs if r[0] >= top - AUC_TOLERANCE), key=lambda r: r[1])
+    return l2, oof, table
+
+
+def platt(scores: F64, hard: npt.NDArray[np.bool_]) -> tuple[float, float]:
+    """(a, c) so that sigmoid(a * logit(score) + c) estimates P(hard): a monotone recalibration."""
+    p = np.clip(scores, 1e-9, 1 - 1e-9)
+    z = np.column_stack([np.log(p / (1 - p)), np.ones(len(p))])
+    theta, _ = newton_logistic(z, hard.astype(np.float64), np.array([1.0, 0.0]), np.array([1e-6, 0.0]))
+    return float(theta[0]), float(theta[1])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gateway train", description="Fit the prompt-difficulty head.")
+    p.add_argument("--data", type=Path, required=True, help="JSONL: prompt + label in [0,1] or winner")
+    p.add_argument("--out", type=Path, required=True, help="model folder to write (e.g. models/difficulty)")
+    p.add_argument("--epochs", type=int, default=100, help="maximum Newton iterations")
+    p.add_argument("--l2", type=float, default=None, help="L2 strength (default: picked on validation folds)")
+    p.add_argument("--heldout-share", type=float, default=0.2, help="hash split share when rows lack `split`")
+    p.add_argument("--encoder-variant", choices=sorted(VARIANTS), default="int8")
+    p.add_argument("--eval-variants", default="", help="other encoder variants to evaluate the head with")
+    p.add_argument("--encoder-dir", type=Path, default=None, help="folder of model.<variant>.onnx (default: shipped)")
+    p.add_argument("--standardize", choices=("all", "length"), default="all", help="features to standardize")
+    p.add_argument("--val-folds", type=int, default=5, help="validation slices of train for picking L2")
+    p.add_argument("--calibration", choices=("platt", "none"), default="platt",
+                   help="platt: rescale the score to P(label >= 0.5) on out-of-fold scores (ranking unchanged)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the validation slices")
+    p.add_argument("--threads", type=int, default=2, help="encoder threads")
+    p.add_argument("--embed-cache", type=Path, default=None, help="folder caching embeddings between runs")
+    return p
+
+
+def run_train(argv: Sequence[str] | None = None) -> int:
+    """CLI entry of `gateway train`; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        metrics = train(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"gateway train: {err}", file=sys.stderr)
+        return 2
+    print(report(metrics))
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    head: HeadParams
+    l2: float
+    iterations: int
+    search: list[dict[str, float | None]]
+    platt: tuple[float, float] | None
+
+
+def fit(x: F64, y: F64, keys: Sequence[str], args: argparse.Namespace) -> Fitted:
+    """Pick L2 on validation folds of train, fit on all of train, then (optionally) Platt-scale to P(hard)."""
+    if args.val_folds < 2:
+        raise ValueError(f"--val-folds must be >= 2, got {args.val_folds}")
+    fold = np.array([fold_of(k, args.seed, args.val_folds) for k in keys])
+    grid = [args.l2] if args.l2 is not None else L2_GRID
+    l2, oof, search = select_l2(x, y, fold, grid, args.standardize, args.epochs)
+    head, iterations = fit_head(x, y, l2, standardize=args.standardize, max_iter=args.epochs)
+    if args.calibration == "none":
+        return Fitted(head, l2, iterations, search, None)
+    a, c = platt(oof, y >= 0.5)  # monotone: the ranking (AUC) is unchanged
+    return Fitted(HeadParams(head.weights * a, head.bias * a + c, head.mean, head.std), l2, iterations, search, (a, c))
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Embed, pick L2, fit, evaluate, export; returns metrics.json's content."""
+    started = time.perf_counter()
+    rows, source = load_labeled(args.data, args.heldout_share)
+    held = [r for r in rows if r.split == "heldout"]
+    if len(rows) - len(held) < 10 or len(held) < 2:
+        raise ValueError(f"need >= 10 train and >= 2 heldout rows, got {len(rows) - len(held)} and {len(held)}")
+    model_path = encoder_path(args.encoder_variant, args.encoder_dir)
+    sha = file_sha256(model_path)
+    encoder = EncoderSession(model_path, threads=args.threads)
+    emb = EmbeddingFile(args.embed_cache, sha).embed(encoder, [r.prompt for r in rows], args.encoder_variant)
+    x, y = features(emb, [r.prompt for r in rows]), np.array([r.label for r in rows])
+    tr = np.array([r.split == "train" for r in rows])
+    embed_s = time.perf_counter() - started
+    fitted = fit(x[tr], y[tr], [r.key for r in rows if r.split == "train"], args)
+    scores = fitted.head.predict(x[~tr])
+    quality = evaluate(scores, y[~tr], [r.language for r in held], x[~tr, -1])
+    encoders: dict[str, dict[str, Any]] = {args.encoder_variant: {"file": model_path.name, "sha256": sha}}
+    for variant in [v for v in args.eval_variants.split(",") if v and v != args.encoder_variant]:
+        encoders[variant] = evaluate_variant(encoder_path(variant, args.encoder_dir), fitted.head, held, scores, args)
+        encoders[variant]["compatible"] = (encoders[variant]["heldout_auc"] or 0.0) >= (quality["heldout"]["auc"] or 0.0) - 0.01
+    metrics: dict[str, Any] = {
+        "model": "difficulty-head",
+        "score": "P(hard) after Platt scaling" if fitted.platt else "expected label (soft-target logistic)",
+        "features": ["embedding[384]", "log_chars = log1p(len(prompt))"],
+        "encoder": {"variant": args.encoder_variant, "file": model_path.name, "sha256": sha, "provider": encoder.provider},
+        "compatible_encoders": encoders,
+        "data": {"path": str(args.data), "sha256": file_sha256(args.data), "label_source": source},
+        "counts": {"rows": len(rows), "train": int(tr.sum()), "heldout": len(held), "val_folds": args.val_folds},
+        **quality,
+        "training": {
+            "l2": fitted.l2, "l2_search": fitted.search, "standardize": args.standardize,
+            "platt": fitted.platt and [round(v, 6) for v in fitted.platt],
+            "newton_iterations": fitted.iterations, "max_iterations": args.epochs, "seed": args.seed,
+            "embed_seconds": round(embed_s, 2), "embed_cache_used": args.embed_cache is not None,
+            "total_seconds": round(time.perf_counter() - started, 2),
+        },
+    }
+    onnx_bytes = fitted.head.to_onnx({"encoder_variant": args.encoder_variant, "encoder_sha256": sha})
+    write_artifacts(args.out, onnx_bytes, metrics, scores, held)
+    return metrics
+
+
+def evaluate_variant(
+    path: Path, head: HeadParams, held: Sequence[LabeledPrompt], reference: F64, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Held-out AUC of the fitted head on embeddings from another encoder file."""
+    texts = [r.prompt for r in held]
+    sha = file_sha256(path)
+    emb = EmbeddingFile(args.embed_cache, sha).embed(EncoderSession(path, threads=args.threads), texts, path.stem)
+    scores = head.predict(features(emb, texts))
+    return {
+        "file": path.name, "sha256": sha,
+        "heldout_auc": auc(scores, np.array([r.label >= 0.5 for r in held])),
+        "max_abs_score_diff": round(float(np.abs(scores - reference).max()), 5),
+    }
+
+
+def write_artifacts(out: Path, onnx_bytes: bytes, metrics: dict[str, Any], scores: F64, held: Sequence[LabeledPrompt]) -> None:
+    """head.onnx, metrics.json, thresholds.json (held-out score quantiles) and calibration.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "head.onnx").write_bytes(onnx_bytes)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    qs = np.linspace(0.0, 1.0, 101)
+    thresholds = {
+        "source": "heldout scores", "n": len(scores),
+        "quantiles": {f"{q:.2f}": round(float(v), 6) for q, v in zip(qs, np.quantile(scores, qs), strict=True)},
+    }
+    (out / "thresholds.json").write_text(json.dumps(thresholds, indent=2) + "\n", encoding="utf-8")
+    write_calibration_plot(out / "calibration.png", scores, np.array([r.label for r in held]), metrics)
+
+
+def report(m: dict[str, Any]) -> str:
+    """A few lines for the terminal."""
+    h = m["heldout"]
+    lines = [
+        f"encoder {m['encoder']['variant']} ({m['encoder']['sha256'][:12]}), labels from {m['data']['label_source']}",
+        f"rows {m['counts']['rows']}: train {m['counts']['train']}, heldout {m['counts']['heldout']}",
+        f"l2 {m['training']['l2']:g} ({m['training']['newton_iterations']} Newton iterations, "
+        f"{m['training']['total_seconds']:.1f} s)",
+        f"heldout AUC {h['auc']}  Brier {h['brier']}  Spearman {h['spearman']}  "
+        f"(log_chars alone: AUC {h['baseline_auc_log_chars']})",
+    ]
+    lines += [f"  {lang}: AUC {v['auc']} (n={v['n']})" for lang, v in m["per_language"].items() if v["auc"] is not None]
+    lines += [f"  with {v}: AUC {e['heldout_auc']}" for v, e in m["compatible_encoders"].items() if "heldout_auc" in e]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_train(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""DifficultyClassifier: LRU -> shared store -> encoder composition, determinism, load checks."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from gateway.classifier.batcher import MicroBatcher
+from gateway.classifier.difficulty import (
+    DifficultyClassifier,
+    EncoderMismatch,
+    file_sha256,
+    load_classifier,
+)
+from gateway.classifier.embedding_cache import cache_key
+from gateway.classifier.encoder import default_model_path
+from gateway.classifier.head import FEATURES, HeadSession, build_head_onnx
+
+Vec = npt.NDArray[np.float32]
+RNG = np.random.default_rng(3)
+W, B = RNG.normal(0, 1, FEATURES), -0.2
+
+
+def fake_embedding(text: str) -> Vec:
+    seed = int(cache_key(text)[:8], 16)
+    v = np.random.default_rng(seed).normal(0, 1, 384).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def expected_score(embedding: Vec, text: str) -> float:
+    x = np.r_[embedding.astype(np.float64), math.log1p(len(text))]
+    return float(1 / (1 + np.exp(-(x @ W + B))))
+
+
+class FakeEncoder:
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> Vec:
+        self.texts.extend(texts)
+        return np.stack([fake_embedding(t) for t in texts])
+
+
+class FakeStore:
+    """In-memory stand-in for gateway.cache.embeddings.EmbeddingStore; can fail or forget."""
+
+    def __init__(self, fail: bool = False, forget: bool = False, garbage: bool = False) -> None:
+        self.data: dict[str, Vec] = {}
+        self.gets: list[str] = []
+        self.fail, self.forget, self.garbage = fail, forget, garbage
+
+    async def get_many(self, keys: Sequence[str]) -> list[Vec | None]:
+        self.gets.extend(keys)
+        if self.fail:
+            raise ConnectionError("redis down")
+        if self.garbage:  # e.g. a vector of another encoder's width
+            return [np.ones(768, dtype=np.float32) for _ in keys]
+        return [None if self.forget else self.data.get(k) for k in keys]
+
+    async def put_many(self, items: Sequence[tuple[str, Vec]]) -> None:
+        if self.fail:
+            raise ConnectionError("redis down")
+        self.data.update((k, np.array(v)) for k, v in items)
+
+
+@pytest.fixture
+def head_path(tmp_path: Path) -> Path:
+    path = tmp_path / "head.onnx"
+    path.write_bytes(build_head_onnx(W, B, np.zeros(FEATURES), np.ones(FEATURES)))
+    return path
+
+
+def classifier(head_path: Path, store: FakeStore | None = None) -> tuple[DifficultyClassifier, FakeEncoder]:
+    encoder = FakeEncoder()
+    return DifficultyClassifier(MicroBatcher(encoder, window_s=0.001), HeadSession(head_path), store=store), encoder
+
+
+async def test_scores_are_deterministic_and_equal_the_head_on_the_embedding(head_path: Path) -> None:
+    texts = ["hi", "Prove Fermat's little theorem.", "hi  "]
+    first, encoder = classifier(head_path)
+    scores = [await first.score(t) for t in texts]
+    second, _ = classifier(head_path)
+    assert scores == [await second.score(t) for t in texts] == [await first.score(t) for t in texts]
+    for text, score in zip(texts[:2], scores, strict=False):
+        assert score == pytest.approx(expected_score(fake_embedding(text), text), abs=1e-6)
+    assert encoder.texts == texts[:2]  # "hi  " normalizes to "hi": an LRU hit, as are the repeats
+    first.close()
+    second.close()
+
+
+async def test_a_store_hit_skips_the_encoder(head_path: Path) -> None:
+    store = FakeStore()
+    stored = fake_embedding("something else entirely")
+    store.data[cache_key("what is 2+2?")] = stored
+    clf, encoder = classifier(head_path, store)
+    score = await clf.score("what is 2+2?")
+    assert encoder.texts == [] and clf.store_hits == 1
+    assert score == pytest.approx(expected_score(stored, "what is 2+2?"), abs=1e-6)
+    await clf.score("what is 2+2?")
+    assert store.gets == [cache_key("what is 2+2?")]  # the second call is an in-process LRU hit
+    clf.close()
+
+
+async def test_a_miss_encodes_and_writes_back_in_the_background(head_path: Path) -> None:
+    store = FakeStore()
+    clf, encoder = classifier(head_path, store)
+    emb = await clf.embedding("translate 'chat' into English")
+    await clf.drain()
+    assert encoder.texts == ["translate 'chat' into English"] and clf.encoded == 1
+    np.testing.assert_array_equal(store.data[cache_key("translate 'chat' into English")], emb)
+    assert not emb.flags.writeable
+    await clf.aclose()
+
+
+@pytest.mark.parametrize(
+    "store", [FakeStore(forget=True), FakeStore(fail=True), FakeStore(garbage=True)], ids=["none", "raises", "garbage"]
+)
+async def test_a_store_that_answers_none_garbage_or_fails_falls_back_to_the_encoder(head_path: Path, store: FakeStore) -> None:
+    clf, encoder = classifier(head_path, store)
+    score = await clf.score("hello")
+    await clf.drain()
+    assert encoder.texts == ["hello"] and clf.store_hits == 0
+    assert score == pytest.approx(expected_score(fake_embedding("hello"), "hello"), abs=1e-6)
+    clf.close()
+
+
+def write_model(model_dir: Path, head_path: Path, sha: str) -> None:
+    model_dir.mkdir(exist_ok=True)
+    (model_dir / "head.onnx").write_bytes(head_path.read_bytes())
+    encoder = {"variant": "int8", "file": "model.int8.onnx", "sha256": sha}
+    (model_dir / "metrics.json").write_text(json.dumps({"encoder": encoder, "compatible_encoders": {"int8": encoder}}))
+
+
+async def test_load_classifier_checks_the_encoder_file(tmp_path: Path, head_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    write_model(model_dir, head_path, file_sha256(default_model_path("int8")))
+    clf = load_classifier(model_dir, providers=["CPUExecutionProvider"])
+    assert clf.provider == "CPUExecutionProvider" and clf.encoder_variant == "int8"
+    score = await clf.score("Write a haiku about routers.")
+    assert 0.0 <= score <= 1.0 and score == await clf.score("Write a haiku about routers.")
+    clf.close()
+    with pytest.raises(EncoderMismatch, match="not 'fp32'"):
+        load_classifier(model_dir, encoder_variant="fp32", providers=["CPUExecutionProvider"])
+    write_model(model_dir, head_path, "0" * 64)
+    with pytest.raises(EncoderMismatch, match="sha256"):
+        load_classifier(model_dir, providers=["CPUExecutionProvider"])
+    with pytest.raises(FileNotFoundError, match="gateway train"):
+        load_classifier(tmp_path / "nowhere")
+
+
+def test_choose_variant_serves_only_compatible_encoders() -> None:
+    from gateway.classifier.difficulty import choose_variant
+
+    enc = {"variant": "int8", "sha256": "a" * 64}
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    ok = {"encoder": enc, "compatible_encoders": {"int8": enc, "fp16": {"sha256": "b" * 64, "compatible": True}}}
+    worse = {"encoder": enc, "compatible_encoders": {"int8": enc, "fp16": {"sha256": "b" * 64, "compatible": False}}}
+    assert choose_variant(ok, None, cuda) == "fp16" and choose_variant(ok, None, cuda[1:]) == "int8"
+    assert choose_variant(worse, None, cuda) == "int8"
+    with pytest.raises(EncoderMismatch):
+        choose_variant(worse, "fp16", cuda)
