@@ -86,11 +86,13 @@ def create_app(
                 responses = gateway.responses = ResponseCache(gateway.redis, writes)
                 affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
                 semantic = _share_embeddings(scorer, gateway.redis, responses, writes)
-            gateway.stages = (
+            stages: list[Stage] = [
                 ParseStage(), PolicyStage(Limiter(gateway.redis, writes)), ClassifyStage(scorer),
-                RouteStage(gateway.pool, affinity),
-                CacheStage(responses, semantic), ProxyStage(session, gateway.pool),
-            )
+                RouteStage(gateway.pool), CacheStage(responses, semantic),
+            ]
+            if affinity is not None:
+                stages.append(affinity)
+            gateway.stages = (*stages, ProxyStage(session, gateway.pool))
             stop_watching = asyncio.Event()
             watcher = asyncio.create_task(gateway.reloader.watch(stop_watching)) if gateway.reloader else None
             try:

@@ -2,6 +2,7 @@
 
 Shared through Redis, so every gateway replica agrees. The affine replica goes first unless it has
 `slack` more requests in flight than the least loaded one (the latency-aware choice refines this).
+A stage after the cache: a cache hit needs no replica, so it pays no prefix lookup.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from gateway.cache.background import BackgroundWrites
 from gateway.cache.prefix import PrefixStore
 from gateway.config import Replica
 from gateway.context import RequestContext
+from gateway.types import Reply
 
 
 class Affinity:
@@ -19,6 +21,11 @@ class Affinity:
         self._writes = writes
         self._pool = pool
         self._slack = slack
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
+        ctx.candidates = await self.prefer(ctx, ctx.candidates)
+        ctx.finishers.append(self.remember)
+        return None
 
     async def prefer(self, ctx: RequestContext, ranked: tuple[Replica, ...]) -> tuple[Replica, ...]:
         """`ranked` with the affine replica first, when there is one worth following."""

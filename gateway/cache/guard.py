@@ -1,10 +1,12 @@
 """RedisGuard: every Redis call of the request path goes through `run`, which never raises.
 
-A connection error, or `timeouts_to_down` timeouts in a row, returns None and marks Redis down for
-`down_backoff_s`: calls in that window return None at once (no connect-timeout tax per request),
-then a single probe call goes through; its success marks Redis up again. (A lone timeout only
-returns None: on a busy host one 5 ms hiccup of the event loop should not switch the cache off.) Other errors (a bad command, a wrong type) return
-None too but leave Redis up. Metrics: `gateway_redis_up`, `gateway_redis_errors_total{op}`,
+A connection error, or `timeouts_to_down` timeouts in a row lasting `down_after_s` with no success
+between them, returns None and marks Redis down for `down_backoff_s`: calls in that window return
+None at once (no connect-timeout tax per request), then a single probe call goes through; its
+success marks Redis up again. A timeout alone only returns None: the budget is measured from the
+event loop, so one stall times out every call pending at that moment, and that is not an outage.
+Calls are shielded: giving up on a reply does not cancel the read (which would drop the
+connection). Other errors (a bad command, a wrong type) return None too but leave Redis up. Metrics: `gateway_redis_up`, `gateway_redis_errors_total{op}`,
 `gateway_redis_op_seconds{op}`; logs: `redis_unavailable` (at most one per `warn_every_s`),
 `redis_recovered`, `redis_op_failed` (rate-limited the same way).
 """
@@ -36,13 +38,16 @@ class RedisGuard:
     def __init__(
         self, client: RedisClient, *, op_timeout_s: float = 0.005, down_backoff_s: float = 1.0,
         registry: CollectorRegistry | None = None, warn_every_s: float = 10.0, timeouts_to_down: int = 3,
+        down_after_s: float = 0.25,
     ) -> None:
         self.client = client
         self.op_timeout_s = op_timeout_s
         self.down_backoff_s = down_backoff_s
         self.warn_every_s = warn_every_s
         self.timeouts_to_down = timeouts_to_down
+        self.down_after_s = down_after_s
         self._timeouts = 0  # in a row
+        self._first_timeout_at = 0.0
         self.registry = registry if registry is not None else CollectorRegistry()
         self._up = True
         self._retry_at = 0.0  # while down: when the next probe may go
@@ -77,12 +82,18 @@ class RedisGuard:
         seconds, errors = self._metrics(op)
         start = time.perf_counter()
         try:
-            async with asyncio.timeout(timeout_s or self.op_timeout_s):
-                result = await call()
+            # shielded: giving up on a slow reply must not cancel the read, which would drop the
+            # connection and make the next call pay for a reconnect inside its own budget
+            result = await asyncio.wait_for(asyncio.shield(call()), timeout_s or self.op_timeout_s)
         except (TimeoutError, RedisTimeoutError) as err:
             errors.inc()
+            if self._timeouts == 0:
+                self._first_timeout_at = time.monotonic()
             self._timeouts += 1
-            if probe or self._timeouts >= self.timeouts_to_down:
+            # one event-loop stall times out every call pending at that moment: Redis is marked down
+            # only when timeouts go on for `down_after_s` with no success in between
+            lasting = time.monotonic() - self._first_timeout_at >= self.down_after_s
+            if probe or (self._timeouts >= self.timeouts_to_down and lasting):
                 self._mark_down(op, err)
             return None
         except UNAVAILABLE as err:

@@ -128,7 +128,9 @@ class RedisSettings(Frozen):
 
     url: str | None = Field(default=None, description="redis://, rediss://, redis+sentinel://, redis+cluster://")
     binary: str | None = Field(default=None, description="redis-server for the embedded one (default: found)")
-    op_timeout_ms: float = Field(default=5.0, gt=0, description="budget of one Redis call on the request path")
+    op_timeout_ms: float = Field(
+        default=20.0, gt=0, description="budget of one Redis call on the request path, event-loop wait included"
+    )
 
 
 class RoutesConfig(Frozen):

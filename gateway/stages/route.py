@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from gateway.backends.affinity import Affinity
 from gateway.backends.pool import ReplicaPool
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
@@ -11,9 +10,8 @@ from gateway.types import AUTO_MODEL, Reply
 
 
 class RouteStage:
-    def __init__(self, pool: ReplicaPool, affinity: Affinity | None = None) -> None:
+    def __init__(self, pool: ReplicaPool) -> None:
         self._pool = pool
-        self._affinity = affinity
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         config = ctx.config
@@ -34,9 +32,6 @@ class RouteStage:
             )
         ctx.tier = tier
         ctx.candidates = self._pool.rank(tier)
-        if self._affinity is not None:
-            ctx.candidates = await self._affinity.prefer(ctx, ctx.candidates)
-            ctx.finishers.append(self._affinity.remember)
         return None
 
 

@@ -39,7 +39,7 @@ async def test_the_client_reconnects_by_itself_after_a_restart(server: EmbeddedR
 
 async def test_guard_fails_fast_skips_while_down_and_recovers(server: EmbeddedRedis, client: RedisClient) -> None:
     registry = CollectorRegistry()
-    guard = RedisGuard(client, op_timeout_s=0.05, down_backoff_s=0.2, registry=registry)
+    guard = RedisGuard(client, op_timeout_s=0.05, down_backoff_s=0.2, registry=registry, down_after_s=0.0)
     calls = 0
 
     def ping() -> Awaitable[bool]:
@@ -65,7 +65,7 @@ async def test_guard_fails_fast_skips_while_down_and_recovers(server: EmbeddedRe
 
 
 async def test_a_frozen_server_costs_three_timeouts_then_is_skipped(server: EmbeddedRedis, client: RedisClient) -> None:
-    guard = RedisGuard(client, op_timeout_s=0.02, down_backoff_s=0.2)
+    guard = RedisGuard(client, op_timeout_s=0.02, down_backoff_s=0.2, down_after_s=0.0)
     assert await guard.run("ping", client.ping) is True
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)  # accepts nothing, answers nothing: like a black hole

@@ -39,7 +39,7 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def guard(registry: CollectorRegistry) -> RedisGuard:
-    return RedisGuard(Redis(port=1), op_timeout_s=0.01, down_backoff_s=0.1, registry=registry, timeouts_to_down=1)
+    return RedisGuard(Redis(port=1), down_after_s=0.0, op_timeout_s=0.01, down_backoff_s=0.1, registry=registry, timeouts_to_down=1)
 
 
 async def test_success_passes_the_value_through_and_is_timed(guard: RedisGuard, registry: CollectorRegistry) -> None:
@@ -59,7 +59,7 @@ async def test_a_hanging_call_returns_none_within_the_timeout(guard: RedisGuard,
 
 
 async def test_by_default_only_timeouts_in_a_row_mark_redis_down() -> None:
-    guard = RedisGuard(Redis(port=1), op_timeout_s=0.01, down_backoff_s=0.1)
+    guard = RedisGuard(Redis(port=1), down_after_s=0.0, op_timeout_s=0.01, down_backoff_s=0.1)
     script = Script("hang")
     for _ in range(2):
         script.failing = True
@@ -120,3 +120,20 @@ async def test_cancellation_is_not_swallowed(guard: RedisGuard) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_one_stall_that_times_out_many_calls_at_once_does_not_switch_redis_off() -> None:
+    guard = RedisGuard(Redis(port=1), op_timeout_s=0.01, down_backoff_s=1.0)  # the default down_after_s
+
+    async def slow() -> int:
+        await asyncio.sleep(0.05)  # an event-loop stall, seen by every call pending at that moment
+        return 1
+
+    results = await asyncio.gather(*(guard.run("get", slow) for _ in range(8)))
+    assert results == [None] * 8
+    assert guard.up  # a burst is not an outage: the next call still goes to Redis
+
+    async def fast() -> int:
+        return 2
+
+    assert await guard.run("get", fast) == 2
