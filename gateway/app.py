@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.affinity import Affinity
+from gateway.backends.idle import IdleWatchdog
 from gateway.cache.background import BackgroundWrites
 from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
@@ -92,12 +93,15 @@ def create_app(
             ]
             if affinity is not None:
                 stages.append(affinity)
-            gateway.stages = (*stages, ProxyStage(session, gateway.pool))
+            watchdog = IdleWatchdog()
+            gateway.stages = (*stages, ProxyStage(session, gateway.pool, watchdog))
+            idle_sweeps = asyncio.create_task(watchdog.run())
             stop_watching = asyncio.Event()
             watcher = asyncio.create_task(gateway.reloader.watch(stop_watching)) if gateway.reloader else None
             try:
                 yield
             finally:
+                idle_sweeps.cancel()
                 stop_watching.set()
                 if watcher is not None:
                     await watcher

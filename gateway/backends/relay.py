@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
 
+from gateway.backends.idle import IdleWatchdog
 from gateway.context import RequestContext
 from gateway.sse import SseScanner
 
@@ -26,6 +28,8 @@ class SseRelay:
         scanner: SseScanner,
         first: bytes,
         on_close: Callable[[bool], None],
+        watchdog: IdleWatchdog,
+        idle_s: float,
     ) -> None:
         self._ctx = ctx
         self._response = response
@@ -33,6 +37,15 @@ class SseRelay:
         self._first = first
         self._on_close = on_close
         self._closed = False
+        self._idle = False
+        self._watchdog = watchdog
+        self.idle_s = idle_s
+        self.last_read = time.monotonic()
+        connection = response.connection
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = None  # the watchdog keeps the idle timeout from here on
+            connection.protocol.start_timeout()  # with no timeout set, this cancels the armed timer
+        watchdog.watch(self)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         scanner = self._scanner
@@ -44,6 +57,7 @@ class SseRelay:
             return
         try:
             async for data in self._response.content.iter_any():
+                self.last_read = time.monotonic()
                 out = scanner.feed(data)
                 if out:
                     yield out
@@ -51,10 +65,18 @@ class SseRelay:
                     yield self._cap()
                     return
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            yield self._fail(f"the backend stream broke off: {type(err).__name__}", "upstream_stream_broken")
+            if self._idle:
+                yield self._fail(f"the backend sent nothing for {self.idle_s:g} s", "upstream_idle_timeout")
+            else:
+                yield self._fail(f"the backend stream broke off: {type(err).__name__}", "upstream_stream_broken")
             return
         if not scanner.tally.done:
             yield self._fail("the backend stream ended before [DONE]", "upstream_stream_truncated")
+
+    def abort_idle(self) -> None:
+        """Called by the watchdog: the backend went quiet for too long; the read loop then fails."""
+        self._idle = True
+        self._response.close()
 
     def _cap(self) -> bytes:
         """The output cap was reached: end the client's stream; `close` then cancels the upstream."""
@@ -71,6 +93,7 @@ class SseRelay:
         if self._closed:
             return
         self._closed = True
+        self._watchdog.forget(self)
         tally, ctx = self._scanner.tally, self._ctx
         ctx.first_token_at = tally.first_token_at
         ctx.finish_reason = "length" if tally.capped else tally.finish_reason

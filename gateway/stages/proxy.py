@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 import structlog
 
+from gateway.backends.idle import IdleWatchdog
 from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import SseRelay, apply_usage
 from gateway.config import Replica
@@ -38,9 +39,10 @@ class Retry(Exception):
 
 
 class ProxyStage:
-    def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool) -> None:
+    def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool, watchdog: IdleWatchdog) -> None:
         self._session = session
         self._pool = pool
+        self._watchdog = watchdog
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         settings = ctx.config.routes.upstream
@@ -85,7 +87,8 @@ class ProxyStage:
         limit = OutputLimit(cap.tokens, cap.chars) if cap else None
         scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage,
                              collect_text=ctx.cache_key is not None, limit=limit)
-        return StreamReply(SseRelay(ctx, response, scanner, first, lease.release))
+        idle_s = ctx.config.routes.upstream.read_timeout_s
+        return StreamReply(SseRelay(ctx, response, scanner, first, lease.release, self._watchdog, idle_s))
 
     async def _post(
         self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout
