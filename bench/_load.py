@@ -362,3 +362,29 @@ def session_timer(label: str, log: Any) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
     log(f"  ({label}: {time.perf_counter() - t0:.1f} s)")
+
+
+@dataclass
+class RunStart:
+    """What every load benchmark records as it starts (and the process group it starts things in)."""
+
+    started: float
+    load_start: tuple[float, float, float]
+    host: dict[str, Any]
+    gw_cpu: int | None
+    pin_note: str
+    procs: Procs
+
+
+def begin(no_pin: bool) -> RunStart:
+    """SIGTERM behaves as Ctrl-C (children are stopped); machine facts; the gateway's CPU pinning."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    started, load_start, host = time.monotonic(), loadavg(), machine()
+    _, gw_cpu, pin_note = pinning(no_pin)
+    print(pin_note, flush=True)
+    return RunStart(started, load_start, host, gw_cpu, pin_note, Procs())

@@ -34,7 +34,6 @@ import collections
 import datetime as dt
 import os
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -474,16 +473,9 @@ def main() -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    started = time.monotonic()
-    load_start = L.loadavg()
-    host = L.machine()
-    _, gw_cpu, pin_note = L.pinning(args.no_pin)
-    log(pin_note)
-    procs = L.Procs()
+    run = L.begin(args.no_pin)
+    started, load_start, host, gw_cpu, pin_note, procs = (
+        run.started, run.load_start, run.host, run.gw_cpu, run.pin_note, run.procs)
     redis_server = EmbeddedRedis()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmpdir:

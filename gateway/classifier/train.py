@@ -34,7 +34,8 @@ from gateway.classifier.encoder import VARIANTS, EncoderSession, default_model_p
 from gateway.classifier.calibrate import auc, evaluate, write_calibration_plot
 from gateway.classifier.difficulty import file_sha256
 from gateway.classifier.head import HeadParams, fit_head, log_chars, newton_logistic
-from gateway.classifier.labeling import guess_language, rank_labels
+from gateway.classifier.labeling import rank_labels
+from gateway.classifier.language import guess_language
 
 L2_GRID = (1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 AUC_TOLERANCE = 0.005  # validation AUCs this close count as a tie, broken by cross-entropy

