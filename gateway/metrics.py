@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -32,19 +34,30 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.cost = Counter("gateway_cost_usd", "Cost of served requests in USD", ("tier",), registry=self.registry)
+        self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any, Any]] = {}
 
     def observe(
         self, tier: str, status: int, e2e_s: float, ttft_s: float | None, tpot_s: float | None, cost: float
     ) -> None:
-        key = (tier, str(status))
-        self.requests.labels(*key).inc()
-        self.e2e.labels(*key).observe(e2e_s)
+        requests, e2e, ttft, tpot, spent = self._series(tier, status)
+        requests.inc()
+        e2e.observe(e2e_s)
         if ttft_s is not None:
-            self.ttft.labels(*key).observe(ttft_s)
+            ttft.observe(ttft_s)
         if tpot_s is not None:
-            self.tpot.labels(*key).observe(tpot_s)
+            tpot.observe(tpot_s)
         if cost:
-            self.cost.labels(tier).inc(cost)
+            spent.inc(cost)
+
+    def _series(self, tier: str, status: int) -> tuple[Any, Any, Any, Any, Any]:
+        """The labelled children of one (tier, status), looked up once (labels() locks and hashes)."""
+        series = self._children.get((tier, status))
+        if series is None:
+            key = (tier, str(status))
+            series = (self.requests.labels(*key), self.e2e.labels(*key), self.ttft.labels(*key),
+                      self.tpot.labels(*key), self.cost.labels(tier))
+            self._children[(tier, status)] = series
+        return series
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
