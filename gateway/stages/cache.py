@@ -26,9 +26,7 @@ class CacheStage:
         self._semantic = semantic
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        if self._responses is None or ctx.tier is None:
-            return None
-        if ctx.tenant is None:
+        if self._responses is None or ctx.tier is None or ctx.tenant is None:
             return None
         rule = ctx.tenant.cache
         if not cacheable(ctx.body, rule):
@@ -39,29 +37,36 @@ class CacheStage:
         answer = await self._responses.get(key)
         if answer is not None:
             return _replay(ctx, answer, "hit")
-        semantic = self._semantic if rule.semantic is not None else None
-        if semantic is not None and rule.semantic is not None:
-            found = await semantic.lookup(scope, ctx.tier.name, ctx.endpoint, ctx.body, ctx.prompt_text(),
-                                          rule.semantic)
+        semantic_scope = scope if self._semantic is not None and rule.semantic is not None else None
+        if self._semantic is not None and rule.semantic is not None:
+            found = await self._semantic.lookup(scope, ctx.tier.name, ctx.endpoint, ctx.body, ctx.prompt_text(),
+                                                rule.semantic)
             if found is not None:
                 return _replay(ctx, found[0], "semantic_hit")
         ctx.cache, ctx.cache_key = "miss", key
-        ctx.finishers.append(lambda done: self._store(done, rule.ttl_s, scope if semantic else None))
+        ctx.finishers.append(lambda done: self._store(done, rule.ttl_s, semantic_scope))
         return None
 
     def _store(self, ctx: RequestContext, ttl_s: int, semantic_scope: str | None) -> None:
-        complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None and not ctx.output_capped
-        if not complete or ctx.finish_reason not in STORABLE_FINISH or ctx.response_text is None:
+        answer = _storable_answer(ctx)
+        if answer is None or ctx.cache_key is None or self._responses is None:
             return
-        if ctx.cache_key is None or ctx.prompt_tokens is None or ctx.completion_tokens is None or self._responses is None:
-            return
-        model = ctx.replica.model if ctx.replica else ""
-        answer = CachedAnswer(ctx.response_text, ctx.finish_reason or "stop", ctx.prompt_tokens,
-                              ctx.completion_tokens, model)
         self._responses.put_later(ctx.cache_key, answer, ttl_s)
         if semantic_scope is not None and self._semantic is not None and ctx.tier is not None:
             self._semantic.remember(semantic_scope, ctx.tier.name, ctx.endpoint, ctx.body, ctx.prompt_text(),
                                     ctx.cache_key, ttl_s)
+
+
+def _storable_answer(ctx: RequestContext) -> CachedAnswer | None:
+    """The answer to store: only a complete, successful, uncapped one with known token counts."""
+    complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None and not ctx.output_capped
+    if not complete or ctx.finish_reason not in STORABLE_FINISH or ctx.response_text is None:
+        return None
+    if ctx.prompt_tokens is None or ctx.completion_tokens is None:
+        return None
+    model = ctx.replica.model if ctx.replica else ""
+    return CachedAnswer(ctx.response_text, ctx.finish_reason or "stop", ctx.prompt_tokens, ctx.completion_tokens,
+                        model)
 
 
 def _replay(ctx: RequestContext, answer: CachedAnswer, status: CacheStatus) -> Reply:
