@@ -101,8 +101,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raw = b"x" * (limit + 1)
-    if len(raw) > limit:
+        raw = None  # over the hard ceiling: refused like any body over the limit
+    if raw is None or len(raw) > limit:
         raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
     return raw
 
