@@ -36,11 +36,12 @@ from proxy_overhead import (  # noqa: E402  (bench/ is not a package: scripts ru
     cpu_seconds,
     free_port,
     machine,
+    print_tails,
     wait_http,
 )
 
 __all__ = [
-    "ROOT", "RESULTS", "OtherWork", "Procs", "cpu_seconds", "free_port", "machine", "wait_http", "Sample", "Phase",
+    "ROOT", "RESULTS", "OtherWork", "print_tails", "Procs", "cpu_seconds", "free_port", "machine", "wait_http", "Sample", "Phase",
     "closed_loop", "summarize", "pinning", "routes_yaml", "policy_yaml", "key_sha256", "commandstats",
     "diff_counts", "redis_ops", "RedisOps", "log_events", "loadavg", "load_line", "command_line", "write_results",
     "md_table",

@@ -509,11 +509,7 @@ def main() -> int:
                 result["gateway_log"] = L.log_events(gw_log)
                 redis.close()
             except Exception:
-                for name in ("emulator.out", "gateway.out"):
-                    f = tmp / name
-                    if f.exists() and f.stat().st_size:
-                        print(f"--- {name} (last lines) ---\n" + "\n".join(f.read_text().splitlines()[-20:]),
-                              file=sys.stderr)
+                L.print_tails(tmp, ("emulator.out", "gateway.out"))
                 raise
             finally:
                 procs.close()
@@ -522,7 +518,7 @@ def main() -> int:
         print("interrupted; all benchmark processes stopped", file=sys.stderr)
         return 130
     result.update({"benchmark": "cache_bench", "machine": host, "settings": asdict(s), "pinning": pin_note,
-                   "redis_op_timeout_ms": args.redis_op_timeout_ms or "gateway default (5)",
+                   "redis_op_timeout_ms": args.redis_op_timeout_ms or "gateway default (20)",
                    "command": L.command_line(), "loadavg_start": load_start, "loadavg_end": L.loadavg(),
                    "elapsed_s": round(time.monotonic() - started, 1)})
     la0, la1 = result["loadavg_start"], result["loadavg_end"]

@@ -281,11 +281,7 @@ def main() -> int:
                 result["gateway_cpus"] = gw_affinity
                 result["classifier_line"] = provider
             except Exception:
-                for name in ("emulator.out", "gateway.out"):
-                    f = tmp / name
-                    if f.exists() and f.stat().st_size:
-                        print(f"--- {name} (last lines) ---\n" + "\n".join(f.read_text().splitlines()[-20:]),
-                              file=sys.stderr)
+                L.print_tails(tmp, ("emulator.out", "gateway.out"))
                 raise
             finally:
                 procs.close()

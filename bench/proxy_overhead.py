@@ -37,6 +37,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -840,6 +841,14 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
     }
 
 
+def print_tails(folder: Path, names: Sequence[str], lines: int = 20) -> None:
+    """After a failure: the last lines each child process wrote, to stderr."""
+    for name in names:
+        f = folder / name
+        if f.exists() and f.stat().st_size:
+            print(f"--- {name} (last lines) ---\n" + "\n".join(f.read_text().splitlines()[-lines:]), file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests, one CPU repetition")
@@ -884,11 +893,7 @@ def main() -> int:
             try:
                 result = uvloop.run(run_bench(args, s, procs, Path(tmpdir), log))
             except Exception:
-                for name in ("emulator.out", "bare.out", "gateway.out"):
-                    f = Path(tmpdir) / name
-                    if f.exists() and f.stat().st_size:
-                        print(f"--- {name} (last lines) ---\n" + "\n".join(f.read_text().splitlines()[-15:]),
-                              file=sys.stderr)
+                print_tails(Path(tmpdir), ("emulator.out", "bare.out", "gateway.out"))
                 raise
             finally:
                 procs.close()
