@@ -56,3 +56,18 @@ class TableScorer:
         if self.error is not None:
             raise self.error
         return self.table.get(text, self.default)
+
+
+def routes_yaml(url: str, *, tier_name: str = "t", launch: str = "", extra: str = "") -> str:
+    """A routes file with one tier of one replica at `url` (ending in /v1); `launch` is its YAML launch
+    block (e.g. "{kind: emulator, profile: instant}"), `extra` more top-level YAML."""
+    launch_part = f", launch: {launch}" if launch else ""
+    return f"""
+tiers:
+  - name: {tier_name}
+    precision: int4
+    context_window: 4096
+    prices: {{input_per_mtok: 1.0, output_per_mtok: 2.0}}
+    replicas:
+      - {{name: {tier_name}-a, url: "{url}", model: m{launch_part}}}
+{extra}"""

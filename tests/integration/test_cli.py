@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.local.redis_server import free_port
+from gateway.testing import routes_yaml
 
 KEY = "sk-cli"
 POLICY = f"""
@@ -27,16 +28,8 @@ tenants:
 
 
 def routes(port: int, launch: bool) -> str:
-    extra = ", launch: {kind: emulator, profile: instant}" if launch else ""
-    return f"""
-tiers:
-  - name: small
-    precision: int4
-    context_window: 4096
-    prices: {{input_per_mtok: 1.0, output_per_mtok: 2.0}}
-    replicas:
-      - {{name: small-a, url: "http://127.0.0.1:{port}/v1", model: m{extra}}}
-"""
+    return routes_yaml(f"http://127.0.0.1:{port}/v1", tier_name="small",
+                       launch="{kind: emulator, profile: instant}" if launch else "")
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.testing import routes_yaml
 from tests.conftest import StartApp, StartEmulator
 
 KEY, ADMIN = "sk-reload", "sk-admin"
@@ -50,14 +51,7 @@ async def test_reload_valid_then_broken_then_fixed_under_traffic(tmp_path: Path,
                                                                  start_app: StartApp) -> None:
     emulator = await start_emulator()
     routes, policy_file = tmp_path / "routes.yaml", tmp_path / "policy.yaml"
-    routes.write_text(f"""
-tiers:
-  - name: t
-    precision: int4
-    context_window: 4096
-    prices: {{input_per_mtok: 1, output_per_mtok: 2}}
-    replicas: [{{name: t-a, url: "{emulator.url}/v1", model: m}}]
-""")
+    routes.write_text(routes_yaml(f"{emulator.url}/v1"))
     policy_file.write_text(policy(4))
     url = await start_app(create_app(load_config(routes, policy_file), config_files=(routes, policy_file)))
     seen: list[tuple[int, int]] = []

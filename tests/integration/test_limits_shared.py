@@ -12,21 +12,14 @@ import aiohttp
 import pytest
 
 from gateway.local.redis_server import EmbeddedRedis, free_port
+from gateway.testing import routes_yaml
 from tests.conftest import StartEmulator
 
 KEY = "sk-limits"
 
 
 def gateway_process(tmp: Path, backend: str, redis_url: str, port: int) -> subprocess.Popen[bytes]:
-    (tmp / "routes.yaml").write_text(f"""
-tiers:
-  - name: t
-    precision: int4
-    context_window: 4096
-    prices: {{input_per_mtok: 1, output_per_mtok: 2}}
-    replicas: [{{name: t-a, url: "{backend}/v1", model: m}}]
-redis: {{op_timeout_ms: 250}}
-""")
+    (tmp / "routes.yaml").write_text(routes_yaml(f"{backend}/v1", extra="redis: {op_timeout_ms: 250}"))
     (tmp / "policy.yaml").write_text(f"""
 default_tier: t
 rate_limit: {{requests_per_min: 4}}
