@@ -54,11 +54,17 @@ class RequestContext:
     cache: CacheStatus = "off"
     cache_key: str | None = None  # set on a miss that may be stored
     finishers: list[Callable[[RequestContext], None]] = field(default_factory=list)  # after accounting
+    _prompt_text: str | None = None
 
     @property
     def tenant_name(self) -> str:
         return self.tenant.name if self.tenant else "anonymous"
 
     def prompt_text(self) -> str:
-        """The prompt as plain text (messages' text parts joined), for limits and classifying."""
-        return prompt_text(self.endpoint, self.body)
+        """The prompt as plain text (messages' text parts joined), for limits, classifying and affinity.
+        Joined once: stages after parse change only sampling fields, never the prompt."""
+        if self._prompt_text is None:
+            if not self.body:
+                return ""  # not parsed yet: nothing to remember
+            self._prompt_text = prompt_text(self.endpoint, self.body)
+        return self._prompt_text
