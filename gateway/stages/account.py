@@ -6,7 +6,7 @@ Runs for every request that reached the gateway, in the edge's `finally`, whatev
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 import structlog
 
@@ -32,7 +32,8 @@ class Accountant:
     def settle(self, ctx: RequestContext) -> None:
         ctx.finished_at = now = time.perf_counter()
         self._count_tokens(ctx)
-        cost, avoided, baseline = _prices(ctx)
+        served = datetime.fromtimestamp(ctx.ts, UTC)
+        cost, avoided, baseline = _prices(ctx, served.date())
         ctx.cost_usd = cost
         e2e_s = now - ctx.started
         ttft_s = ctx.first_token_at - ctx.started if ctx.first_token_at is not None else None
@@ -44,7 +45,7 @@ class Accountant:
         log.info(
             "request",
             request_id=ctx.request_id,
-            ts=datetime.fromtimestamp(ctx.ts, UTC).isoformat(timespec="milliseconds"),
+            ts=served.isoformat(timespec="milliseconds"),
             tenant=ctx.tenant_name,
             model_requested=ctx.model_requested,
             difficulty=None if ctx.difficulty is None else round(ctx.difficulty, 4),
@@ -84,7 +85,7 @@ class Accountant:
         ctx.usage_source = "counted"
 
 
-def _prices(ctx: RequestContext) -> tuple[float, float, float]:
+def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     """(cost, avoided by the cache, the same tokens on the baseline tier), at the prices of the day served.
 
     Served requests cost their tokens (aborted streams: the tokens generated); cache hits cost 0
@@ -92,7 +93,6 @@ def _prices(ctx: RequestContext) -> tuple[float, float, float]:
     hit = ctx.cache in ("hit", "semantic_hit")
     if ctx.tier is None or not (ctx.upstream_started or hit):
         return 0.0, 0.0, 0.0
-    day = datetime.fromtimestamp(ctx.ts, UTC).date()
     tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
     priced = cost_usd(ctx.tier.price_at(day), *tokens)
     baseline = cost_usd(ctx.config.baseline.price_at(day), *tokens)
