@@ -10,9 +10,12 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from gateway.admission.stage import AdmissionStage
+from gateway.backends import collector
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.affinity import Affinity
 from gateway.backends.idle import IdleWatchdog
+from gateway.backends.probe import Prober
 from gateway.cache.background import BackgroundWrites
 from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
@@ -71,6 +74,7 @@ def create_app(
 
     metrics = GatewayMetrics()
     gateway = Gateway(config, Accountant(TokenCounters(), metrics), metrics, ReplicaPool(), scorer=scorer)
+    collector.register(gateway.pool, metrics.registry)
     gateway.accountant.prepare(config)  # load tokenizers now, never on the request path
     if config_files is not None:
         gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.accountant.prepare)
@@ -94,15 +98,18 @@ def create_app(
             if affinity is not None:
                 stages.append(affinity)
             watchdog = IdleWatchdog()
-            gateway.stages = (*stages, ProxyStage(session, gateway.pool, watchdog))
+            gateway.stages = (*stages, AdmissionStage(gateway.pool, metrics),
+                              ProxyStage(session, gateway.pool, watchdog, metrics))
             idle_sweeps = asyncio.create_task(watchdog.run())
             stop_watching = asyncio.Event()
             watcher = asyncio.create_task(gateway.reloader.watch(stop_watching)) if gateway.reloader else None
+            probes = asyncio.create_task(Prober(session, gateway.pool, lambda: gateway.config).run(stop_watching))
             try:
                 yield
             finally:
                 idle_sweeps.cancel()
                 stop_watching.set()
+                await probes
                 if watcher is not None:
                     await watcher
                 await writes.drain()

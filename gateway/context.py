@@ -31,7 +31,12 @@ class RequestContext:
     difficulty: float | None = None  # the classifier's score, for model 'auto'
     tier: Tier | None = None
     candidates: tuple[Replica, ...] = ()
+    prompt_tokens_est: int = 0  # the prompt's length in tokens, guessed from its characters (for routing)
     prefix_blocks: int = 0  # blocks of the prompt's prefix known to be warm on the chosen replica
+    prefix_replica: str | None = None  # the replica holding that prefix
+    prefix_tokens: int = 0  # ... and its length in tokens
+    predicted_ttft_s: float | None = None  # the chosen replica's predicted TTFT at admission
+    brownout_from: str | None = None  # the saturated tier this request was moved away from
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)
@@ -54,6 +59,7 @@ class RequestContext:
     cache: CacheStatus = "off"
     cache_key: str | None = None  # set on a miss that may be stored
     finishers: list[Callable[[RequestContext], None]] = field(default_factory=list)  # after accounting
+    first_byte_hooks: list[Callable[[float], None]] = field(default_factory=list)  # the upstream answered
     _prompt_text: str | None = None
 
     @property

@@ -12,7 +12,7 @@ import orjson
 from gateway.backends.pool import ReplicaPool
 from gateway.cache.keys import cacheable, response_key, scope_of
 from gateway.cache.responses import ResponseCache
-from gateway.config import GatewayConfig, TenantPolicy
+from gateway.config import GatewayConfig, Replica, TenantPolicy
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.stages.classify import ClassifyStage
@@ -54,8 +54,7 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
         return report
     assert ctx.tier is not None
     report["tier"] = ctx.tier.name
-    report["candidates"] = [{"replica": r.name, "url": r.url, "in_flight": pool.state(r).in_flight,
-                             "recent_failures": pool.state(r).failures} for r in ctx.candidates]
+    report["candidates"] = [_candidate(pool, ctx, r) for r in ctx.candidates]
     report["cache"] = await _cache(ctx, tenant, responses)
     report["decision"] = {"status": 200, "tier": ctx.tier.name, "replica": ctx.candidates[0].name}
     return report
@@ -81,3 +80,13 @@ async def _cache(ctx: RequestContext, tenant: TenantPolicy, responses: ResponseC
     if responses is None:
         return {"status": "not checked (no Redis)", "key": key}
     return {"status": "hit" if await responses.get(key) else "miss", "key": key}
+
+
+def _candidate(pool: ReplicaPool, ctx: RequestContext, replica: Replica) -> dict[str, Any]:
+    """One replica as the ranking saw it."""
+    assert ctx.tier is not None
+    state = pool.state(replica, ctx.tier)
+    predicted = pool.predict(ctx.tier, replica, ctx.prompt_tokens_est)
+    return {"replica": replica.name, "url": replica.url, "in_flight": state.in_flight,
+            "predicted_ttft_ms": round(predicted * 1000, 3), "circuit": state.breaker.state,
+            "healthy": state.healthy, "recent_failures": state.failures}

@@ -34,6 +34,31 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.cost = Counter("gateway_cost_usd", "Cost of served requests in USD", ("tier",), registry=self.registry)
+        self.retries = Counter(
+            "gateway_retries", "Failover attempts: sent, or refused by the retry budget", ("result",),
+            registry=self.registry,
+        )
+        self.admission_limit = Gauge(
+            "gateway_admission_limit", "Current adaptive concurrency limit", ("tier",), registry=self.registry
+        )
+        self.admission_in_flight = Gauge(
+            "gateway_admission_in_flight", "Requests holding an admission slot", ("tier",), registry=self.registry
+        )
+        self.queue_depth = Gauge(
+            "gateway_admission_queue_depth", "Requests waiting for a slot", ("tier", "priority"),
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "gateway_admission_wait_seconds", "Time admitted requests waited in the queue", ("tier",),
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.shed = Counter(
+            "gateway_shed", "Requests refused by admission control", ("tier", "reason"), registry=self.registry
+        )
+        self.brownouts = Counter(
+            "gateway_brownouts", "Requests moved to a faster tier because theirs was saturated",
+            ("from_tier", "to_tier"), registry=self.registry,
+        )
         self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any, Any]] = {}
 
     def observe(

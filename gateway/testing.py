@@ -24,12 +24,19 @@ def tier(name: str, urls: Sequence[str], *, precision: str = "int4", input_per_m
     })
 
 
+TEST_BALANCING = {"near_tie": 0.0, "health_interval_s": 0.0, "scrape_interval_s": 0.0}
+
+
 def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = None,
-                   upstream: Mapping[str, Any] | None = None, redis_op_timeout_ms: float = 250.0) -> GatewayConfig:
+                   upstream: Mapping[str, Any] | None = None, redis_op_timeout_ms: float = 250.0,
+                   balancing: Mapping[str, Any] | None = None, admission: Mapping[str, Any] | None = None,
+                   ) -> GatewayConfig:
     """A config over `tiers`; the first is the default; TEST_API_KEY belongs to TEST_TENANT.
 
     Redis calls get a generous budget: tests assert behaviour, and a loaded CI machine must not
-    turn a slow GET into a cache miss (production keeps the default of a few ms)."""
+    turn a slow GET into a cache miss (production keeps the default of a few ms). Replica choice is
+    deterministic unless `balancing` says otherwise: no random draw among near-ties, no background
+    health checks or /metrics scrapes (tests of those turn them on)."""
     key_hash = hashlib.sha256(TEST_API_KEY.encode()).hexdigest()
     policy_data: dict[str, Any] = {
         "default_tier": tiers[0].name,
@@ -37,8 +44,11 @@ def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = 
         "tenants": [{"name": TEST_TENANT, "api_key_sha256": key_hash}],
         **(policy or {}),
     }
-    routes = RoutesConfig.model_validate({"tiers": [t.model_dump() for t in tiers], "upstream": upstream or {},
-                                          "redis": {"op_timeout_ms": redis_op_timeout_ms}})
+    routes = RoutesConfig.model_validate({
+        "tiers": [t.model_dump() for t in tiers], "upstream": upstream or {},
+        "redis": {"op_timeout_ms": redis_op_timeout_ms},
+        "balancing": {**TEST_BALANCING, **(balancing or {})}, "admission": admission or {},
+    })
     return GatewayConfig.build(routes, PolicyConfig.model_validate(policy_data))
 
 

@@ -1,62 +1,133 @@
-"""Live bookkeeping per replica: requests in flight and recent failures."""
+"""Replica choice inside a tier: the lowest predicted time to first token, power of two choices
+among near-ties, and the bookkeeping (`Lease`) that keeps each replica's live statistics."""
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import random
+import time
 
+from gateway.backends.retry_budget import RetryBudget
+from gateway.backends.stats import DEFAULT_PREFILL_TPS, ReplicaStats
 from gateway.config import Replica, Tier
+from gateway.config.routes import Balancing
+from gateway.context import RequestContext
 
-
-@dataclass(slots=True)
-class ReplicaState:
-    in_flight: int = 0
-    failures: int = 0
-    last_pick: int = 0
+NEAR_TIE_FLOOR_S = 0.001
 
 
 class ReplicaPool:
-    """Ranks a tier's replicas for a new request: fewest in flight first, then least recently picked."""
+    """Live statistics of every replica (by name, so they outlive config reloads) and the ranking."""
 
-    def __init__(self) -> None:
-        self._states: dict[str, ReplicaState] = {}
+    def __init__(self, seed: int | None = None) -> None:
+        self._states: dict[str, ReplicaStats] = {}
         self._picks = itertools.count(1)
+        self._random = random.Random(seed)
+        self.retries = RetryBudget()
 
-    def state(self, replica: Replica) -> ReplicaState:
+    def state(self, replica: Replica, tier: Tier | None = None) -> ReplicaStats:
         state = self._states.get(replica.name)
         if state is None:
-            state = self._states[replica.name] = ReplicaState()
+            hint = tier.prefill_tokens_per_s if tier is not None else None
+            state = self._states[replica.name] = ReplicaStats(prefill_tps=hint or DEFAULT_PREFILL_TPS)
         return state
 
-    def rank(self, tier: Tier) -> tuple[Replica, ...]:
-        if len(tier.replicas) == 1:
-            return tier.replicas
-        return tuple(sorted(tier.replicas, key=lambda r: (self.state(r).in_flight, self.state(r).last_pick)))
+    def states(self) -> dict[str, ReplicaStats]:
+        return self._states
 
-    def acquire(self, replica: Replica) -> None:
-        state = self.state(replica)
-        state.in_flight += 1
-        state.last_pick = next(self._picks)
+    def predict(self, tier: Tier, replica: Replica, tokens: int, cached_tokens: int = 0) -> float:
+        return self.state(replica, tier).predict_ttft(tokens, cached_tokens, self._prior(tier))
 
-    def release(self, replica: Replica, *, failed: bool = False) -> None:
-        state = self.state(replica)
-        state.in_flight -= 1
-        if failed:
-            state.failures += 1
+    def _prior(self, tier: Tier) -> float:
+        """The calibration of a replica not tried yet: its tier's mean."""
+        known = [c for r in tier.replicas if (c := self.state(r, tier).calibration) is not None]
+        return sum(known) / len(known) if known else 1.0
+
+    def rank(self, tier: Tier, tokens: int, balancing: Balancing) -> tuple[Replica, ...]:
+        """The tier's available replicas, best first: lowest predicted TTFT for a prompt of `tokens`;
+        among near-ties, the less loaded of two drawn at random (`near_tie` 0: no draw; exact ties go
+        to the least recently picked). Open circuits and replicas failing their health checks are left
+        out (empty: none may be tried now)."""
+        prior = self._prior(tier)
+        scored = sorted(
+            ((self.state(r, tier).predict_ttft(tokens, 0, prior), r) for r in tier.replicas
+             if self.state(r, tier).available()),
+            key=lambda pair: (pair[0], self.state(pair[1]).in_flight, self.state(pair[1]).last_pick),
+        )
+        if len(scored) < 2 or balancing.near_tie == 0:
+            return tuple(r for _, r in scored)
+        cutoff = scored[0][0] * (1 + balancing.near_tie) + NEAR_TIE_FLOOR_S
+        near = [r for predicted, r in scored if predicted <= cutoff]
+        if len(near) < 2:
+            return tuple(r for _, r in scored)
+        drawn = self._random.sample(near, 2)
+        first = min(drawn, key=lambda r: (self.state(r).in_flight, self.state(r).last_pick))
+        return (first, *(r for _, r in scored if r is not first))
+
+    def retry_in(self, tier: Tier) -> float:
+        """Seconds until some replica of the tier may be tried again (for Retry-After)."""
+        return min((self.state(r, tier).breaker.retry_in() for r in tier.replicas), default=0.0)
 
 
 class Lease:
-    """One request's hold on a replica; releasing twice is a no-op."""
+    """One attempt's hold on a replica: counts it in flight, learns its TTFT at the first byte and
+    its TPOT/E2E (or failure) at release. Releasing twice is a no-op."""
 
-    __slots__ = ("_pool", "replica", "_held")
+    __slots__ = ("_pool", "_ctx", "replica", "_state", "_own_tokens", "_raw_s", "_sent_at", "_first_at", "_held")
 
-    def __init__(self, pool: ReplicaPool, replica: Replica) -> None:
+    def __init__(self, pool: ReplicaPool, replica: Replica, ctx: RequestContext) -> None:
         self._pool = pool
+        self._ctx = ctx
         self.replica = replica
+        state = self._state = pool.state(replica, ctx.tier)
+        cached = ctx.prefix_tokens if ctx.prefix_replica == replica.name else 0
+        self._raw_s = state.raw_ttft(ctx.prompt_tokens_est, cached)
+        self._own_tokens = max(0, ctx.prompt_tokens_est - cached)
+        self._sent_at = time.perf_counter()
+        self._first_at: float | None = None
         self._held = True
-        pool.acquire(replica)
+        state.in_flight += 1
+        state.pending_tokens += self._own_tokens
+        state.last_pick = next(pool._picks)
+        state.breaker.on_send()
+
+    @property
+    def first_at(self) -> float | None:
+        return self._first_at
+
+    def first_byte(self, at: float | None = None) -> None:
+        """The replica started answering: its TTFT is a sample, its prompt no longer waits."""
+        if self._first_at is not None or not self._held:
+            return
+        self._first_at = time.perf_counter() if at is None else at
+        self._state.pending_tokens -= self._own_tokens
+        alpha = self._ctx.config.routes.balancing.ewma_alpha
+        self._state.observe_ttft(self._first_at - self._sent_at, self._raw_s, alpha)
 
     def release(self, failed: bool = False) -> None:
-        if self._held:
-            self._held = False
-            self._pool.release(self.replica, failed=failed)
+        if not self._held:
+            return
+        now = time.perf_counter()
+        if self._first_at is None and not failed:
+            self.first_byte(self._estimated_first_byte(now))
+        self._held = False
+        state, ctx = self._state, self._ctx
+        state.in_flight -= 1
+        if self._first_at is None:
+            state.pending_tokens -= self._own_tokens
+        settings = ctx.config.routes.balancing
+        if failed:
+            state.breaker.on_failure(settings.breaker)
+        else:
+            state.breaker.on_success()
+        completion = ctx.completion_tokens or ctx.output_chunks
+        tpot = None
+        if self._first_at is not None and completion > 1:
+            tpot = (now - self._first_at) / (completion - 1)
+        state.observe_finish(now - self._sent_at, tpot, failed, settings.ewma_alpha)
+
+    def _estimated_first_byte(self, now: float) -> float:
+        """A non-streamed answer has no first byte: its end minus the output at the usual TPOT."""
+        completion = self._ctx.completion_tokens or 0
+        decode = (completion - 1) * (self._state.tpot_s or 0.0) if completion > 1 else 0.0
+        return max(self._sent_at, now - decode)

@@ -99,8 +99,13 @@ class Limits(Frozen):
     max_prompt_chars: int | None = Field(default=None, ge=1, description="larger prompts get 413")
     output_cap: OutputCap | None = None
     stop: tuple[str, ...] | None = Field(default=None, description="stop sequences added to every request")
-    priority: Priority | None = None
-    ttft_slo_ms: float | None = Field(default=None, gt=0)
+    priority: Priority | None = Field(default=None, description="interactive requests leave the queue first")
+    ttft_slo_ms: float | None = Field(
+        default=None, gt=0, description="shed with 503 when the predicted time to first token exceeds it"
+    )
+    brownout: bool | None = Field(
+        default=None, description="model 'auto' may go to the tier's brownout_to tier when the tier is saturated"
+    )
     rate_limit: RateLimit | None = None
     daily_budget_usd: float | None = Field(default=None, ge=0)
     cache: CacheRule | None = None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from datetime import date
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 Precision = Literal["int4", "int8", "fp8", "fp16", "bf16", "fp32"]
 
@@ -66,6 +67,27 @@ class Replica(Frozen):
     url: str
     model: str = Field(min_length=1, description="model name the upstream server expects")
     launch: Launch | None = None
+    api_key_env: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="environment variable with this backend's API key, read at load time, sent as Bearer",
+    )
+    _api_key: str | None = PrivateAttr(default=None)  # never dumped, never in repr
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_is_set(cls, name: str | None) -> str | None:
+        if name is not None and not os.environ.get(name):
+            raise ValueError(f"environment variable {name} is not set (or empty)")
+        return name
+
+    def model_post_init(self, context: Any) -> None:
+        if self.api_key_env is not None:
+            self._api_key = os.environ[self.api_key_env]
+
+    @property
+    def api_key(self) -> str | None:
+        """This backend's own credential (from `api_key_env`); the client's key never goes upstream."""
+        return self._api_key
 
     @field_validator("url")
     @classmethod
@@ -113,6 +135,12 @@ class Tier(Frozen):
         default=None,
         description="counts tokens when the backend reports no usage: a tokenizer.json path, or gguf:<local model>",
     )
+    prefill_tokens_per_s: float | None = Field(
+        default=None, gt=0, description="first guess of one replica's prefill speed (learned from traffic after)"
+    )
+    brownout_to: str | None = Field(
+        default=None, description="a faster tier that takes this tier's 'auto' traffic when it is saturated"
+    )
 
 
 class Upstream(Frozen):
@@ -121,6 +149,58 @@ class Upstream(Frozen):
     connect_timeout_s: float = Field(default=2.0, gt=0)
     read_timeout_s: float = Field(default=120.0, gt=0)
     max_attempts: int = Field(default=3, ge=1, le=10)
+
+
+class Breaker(Frozen):
+    """Per replica: `failures` in a row open the circuit for `cooldown_s` (doubling up to `max_cooldown_s`)."""
+
+    failures: int = Field(default=5, ge=1)
+    cooldown_s: float = Field(default=5.0, gt=0)
+    max_cooldown_s: float = Field(default=60.0, gt=0)
+
+
+class RetryBudget(Frozen):
+    """Retries allowed: `ratio` of the requests of the last `window_s`, plus `min_per_s` (Finagle's budget)."""
+
+    ratio: float = Field(default=0.2, ge=0, le=1)
+    min_per_s: float = Field(default=1.0, ge=0)
+    window_s: float = Field(default=10.0, gt=0)
+
+
+class Balancing(Frozen):
+    """Replica choice inside a tier: lowest predicted TTFT, prefix affinity, live load from the backends."""
+
+    affinity_margin: float = Field(
+        default=1.5, ge=1.0, description="the affine replica wins unless its predicted TTFT exceeds the best by this factor"
+    )
+    affinity_slack_ms: float = Field(default=50.0, ge=0, description="...and by at least this much")
+    near_tie: float = Field(default=0.1, ge=0, description="predictions within this fraction are near-ties (P2C)")
+    ewma_alpha: float = Field(default=0.2, gt=0, le=1, description="weight of a new TTFT/TPOT sample")
+    scrape_interval_s: float = Field(default=1.0, ge=0, description="backends' /metrics (vLLM names); 0: off")
+    health_interval_s: float = Field(default=5.0, ge=0, description="active health checks; 0: off")
+    breaker: Breaker = Breaker()
+    retry_budget: RetryBudget = RetryBudget()
+
+
+class Admission(Frozen):
+    """Per tier: an adaptive concurrency limit (gradient on TTFT) and a bounded queue with deadlines."""
+
+    enabled: bool = True
+    initial_limit: int = Field(default=32, ge=1)
+    min_limit: int = Field(default=2, ge=1)
+    max_limit: int = Field(default=512, ge=1)
+    ttft_target_ms: float = Field(default=400.0, gt=0, description="TTFT the limit steers below")
+    max_queue: int = Field(default=256, ge=0, description="waiting requests per tier; beyond: 503")
+    max_wait_ms: float = Field(default=1000.0, gt=0, description="longest wait in the queue without a TTFT SLO")
+    batch_share: float = Field(
+        default=0.1, ge=0, le=1, description="share of freed slots given to waiting batch requests first"
+    )
+
+    @model_validator(mode="after")
+    def _limits_in_order(self) -> Admission:
+        if not self.min_limit <= self.initial_limit <= self.max_limit:
+            raise ValueError("need min_limit <= initial_limit <= max_limit")
+        return self
 
 
 class RedisSettings(Frozen):
@@ -136,6 +216,8 @@ class RedisSettings(Frozen):
 class RoutesConfig(Frozen):
     tiers: tuple[Tier, ...] = Field(min_length=1)
     upstream: Upstream = Upstream()
+    balancing: Balancing = Balancing()
+    admission: Admission = Admission()
     redis: RedisSettings = RedisSettings()
 
     @field_validator("tiers")
@@ -143,8 +225,12 @@ class RoutesConfig(Frozen):
     def _unique_names(cls, tiers: tuple[Tier, ...]) -> tuple[Tier, ...]:
         _require_unique("tier", [t.name for t in tiers])
         _require_unique("replica", [r.name for t in tiers for r in t.replicas])
-        if "auto" in {t.name for t in tiers}:
+        names = {t.name for t in tiers}
+        if "auto" in names:
             raise ValueError("tier name 'auto' is reserved for classifier routing")
+        for t in tiers:
+            if t.brownout_to is not None and (t.brownout_to not in names or t.brownout_to == t.name):
+                raise ValueError(f"tier {t.name!r}: brownout_to {t.brownout_to!r} is not another tier")
         return tiers
 
     def tier(self, name: str) -> Tier | None:

@@ -26,6 +26,7 @@ class TenantPolicy:
     stop: tuple[str, ...]
     priority: Priority
     ttft_slo_ms: float | None
+    brownout: bool
     rate_limit: RateLimit | None
     daily_budget_usd: float | None
     cache: CacheRule
@@ -48,6 +49,7 @@ def resolve(name: str, own: Limits, policy: PolicyConfig) -> TenantPolicy:
         stop=_first(own.stop, policy.stop) or (),
         priority=_first(own.priority, policy.priority) or "interactive",
         ttft_slo_ms=_first(own.ttft_slo_ms, policy.ttft_slo_ms),
+        brownout=bool(_first(own.brownout, policy.brownout)),
         rate_limit=_first(own.rate_limit, policy.rate_limit),
         daily_budget_usd=_first(own.daily_budget_usd, policy.daily_budget_usd),
         cache=_first(own.cache, policy.cache) or CacheRule(),

@@ -63,6 +63,8 @@ class Accountant:
             tpot_ms=_ms(tpot_s),
             e2e_ms=_ms(e2e_s),
             queue_ms=round(ctx.queue_ms, 3),
+            predicted_ttft_ms=_ms(ctx.predicted_ttft_s),
+            brownout_from=ctx.brownout_from,
             attempts=ctx.attempts,
             prefix_blocks=ctx.prefix_blocks,
             output_capped=ctx.output_capped,

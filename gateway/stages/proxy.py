@@ -1,7 +1,9 @@
 """Proxy: send the request to the tier's replicas in rank order until one answers, then relay it.
 
 A replica that fails before the first byte (connection refused, timeout, 5xx, 429) is skipped for
-the next one, up to `upstream.max_attempts`; after the first byte the relay owns the stream.
+the next one, up to `upstream.max_attempts` and while the retry budget lasts; after the first byte
+the relay owns the stream. The first byte's time feeds the replica's TTFT statistics and the hooks
+of other stages (the admission limiter).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import SseRelay, apply_usage
 from gateway.config import Replica
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, UpstreamError, UpstreamOverloaded, UpstreamStatus, UpstreamTimeout
+from gateway.errors import (
+    GatewayError, Overloaded, UpstreamError, UpstreamOverloaded, UpstreamStatus, UpstreamTimeout,
+)
+from gateway.metrics import GatewayMetrics
 from gateway.sse import OutputLimit, SseScanner
 from gateway.types import JsonReply, Reply, StreamReply
 
@@ -39,31 +44,47 @@ class Retry(Exception):
 
 
 class ProxyStage:
-    def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool, watchdog: IdleWatchdog) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, pool: ReplicaPool, watchdog: IdleWatchdog, metrics: GatewayMetrics
+    ) -> None:
         self._session = session
         self._pool = pool
         self._watchdog = watchdog
+        self._metrics = metrics
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         settings = ctx.config.routes.upstream
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
+        if not ctx.candidates and ctx.tier is not None:
+            ctx.error = "no_replica_available"
+            raise Overloaded(f"no replica of tier {ctx.tier.name!r} is available (circuit open or failing health "
+                             "checks)", code="no_replica_available", retry_after=self._pool.retry_in(ctx.tier))
+        budget = self._pool.retries
+        budget.on_request()
         last: GatewayError = UpstreamError("the tier has no replica to try")
         for replica in ctx.candidates[: settings.max_attempts]:
+            if ctx.attempts and not budget.try_retry(ctx.config.routes.balancing.retry_budget):
+                self._metrics.retries.labels("budget_exhausted").inc()
+                log.warning("retry_budget_exhausted", request_id=ctx.request_id, backend=replica.name)
+                break
+            if ctx.attempts:
+                self._metrics.retries.labels("sent").inc()
             ctx.attempts += 1
             ctx.replica = replica
             try:
                 return await self._attempt(ctx, replica, timeout)
             except Retry as retry:
                 last = retry.error
+                self._metrics.upstream_failures.labels(replica.name).inc()
                 log.warning("upstream_attempt_failed", request_id=ctx.request_id, backend=replica.name,
                             attempt=ctx.attempts, reason=retry.error.message)
         ctx.error = last.code or last.type
         raise last
 
     async def _attempt(self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout) -> Reply:
-        lease = Lease(self._pool, replica)
+        lease = Lease(self._pool, replica, ctx)
         try:
             response = await self._post(ctx, replica, timeout)
             if response.status != 200:
@@ -74,9 +95,11 @@ class ProxyStage:
             ctx.upstream_started = True
             if not ctx.stream:
                 reply = await _settle_json(ctx, response, replica)
-                lease.release()
+                lease.release()  # estimates when the first token came
+                _first_byte(ctx, None, lease.first_at)
                 return reply
             first = await _first_bytes(response, replica)
+            _first_byte(ctx, lease)
         except Retry:
             lease.release(failed=True)
             raise
@@ -96,14 +119,26 @@ class ProxyStage:
         body: dict[str, Any] = {**ctx.body, "model": replica.model}
         if ctx.stream:
             body["stream_options"] = {"include_usage": True}
+        # only the replica's own key from config: no client header is ever forwarded
+        headers = JSON_HEADERS if replica.api_key is None else {**JSON_HEADERS,
+                                                                "Authorization": f"Bearer {replica.api_key}"}
         try:
             return await self._session.post(
-                replica.url + PATHS[ctx.endpoint], data=orjson.dumps(body), headers=JSON_HEADERS, timeout=timeout
+                replica.url + PATHS[ctx.endpoint], data=orjson.dumps(body), headers=headers, timeout=timeout
             )
         except TimeoutError:
             raise Retry(UpstreamTimeout(f"backend {replica.name} did not connect in time")) from None
         except aiohttp.ClientError as err:
             raise Retry(UpstreamError(f"backend {replica.name} is unreachable: {type(err).__name__}")) from None
+
+
+def _first_byte(ctx: RequestContext, lease: Lease | None, at: float | None = None) -> None:
+    """The upstream answered: tell the lease (the replica's TTFT) and the stages that asked."""
+    now = at or time.perf_counter()
+    if lease is not None:
+        lease.first_byte(now)
+    for hook in ctx.first_byte_hooks:
+        hook(now)
 
 
 async def _first_bytes(response: aiohttp.ClientResponse, replica: Replica) -> bytes:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from gateway.backends.pool import ReplicaPool
+from gateway.backends.stats import estimate_tokens
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 from gateway.types import AUTO_MODEL, Reply
-
 
 
 class RouteStage:
@@ -31,7 +31,8 @@ class RouteStage:
                 param="max_tokens",
             )
         ctx.tier = tier
-        ctx.candidates = self._pool.rank(tier)
+        ctx.prompt_tokens_est = estimate_tokens(len(ctx.prompt_text()))
+        ctx.candidates = self._pool.rank(tier, ctx.prompt_tokens_est, config.routes.balancing)
         return None
 
 

@@ -44,7 +44,10 @@ async def test_a_conversation_sticks_to_its_replica_across_gateways(start_emulat
 
 async def test_without_redis_the_replicas_take_turns(start_emulator: StartEmulator, start_app: StartApp) -> None:
     replicas = [f"{(await start_emulator(seed=i)).url}/v1" for i in range(3)]
-    gateway = await start_app(create_app(gateway_config([tier("t", replicas)])))
+    config = gateway_config([tier("t", replicas)], balancing={"near_tie": 0.1})
+    gateway = await start_app(create_app(config))
     async with aiohttp.ClientSession() as session:
         backends = await converse(session, [gateway], 6, "disk full on node 7")
-    assert len(set(backends)) == 3  # the control: affinity is what kept the conversation together
+    # the control: equally fast replicas are near-ties, and of two drawn the less recently picked
+    # goes, so without affinity a conversation never stays on one replica
+    assert len(set(backends)) >= 2

@@ -1,0 +1,120 @@
+"""Off the request path: active health checks and the backends' own load, on an interval.
+
+Health: `GET {replica.url}/models` (every OpenAI-compatible server has it) every
+`balancing.health_interval_s`; a failure takes the replica out of the ranking until one passes.
+Load: `GET /metrics` at the server's root every `scrape_interval_s`, read with vLLM's names
+(`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`; SGLang and
+the emulator speak them too). A server without them (llama.cpp) is asked again only every minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+import structlog
+
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.stats import BackendLoad
+from gateway.config import GatewayConfig, Replica
+
+UNSUPPORTED_RETRY_S = 60.0
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",
+}
+
+log = structlog.get_logger("gateway.probe")
+
+
+def parse_load(text: str, at: float) -> BackendLoad | None:
+    """The vLLM gauges of a Prometheus text page, summed over label sets; None when it has none."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        field = GAUGES.get(name)
+        if field is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if field == "kv_usage":
+            found[field] = max(found.get(field, 0.0), value)
+        else:
+            found[field] = found.get(field, 0.0) + value
+    if "running" not in found and "waiting" not in found:
+        return None
+    return BackendLoad(found.get("running", 0.0), found.get("waiting", 0.0), found.get("kv_usage", 0.0), at)
+
+
+def metrics_url(replica: Replica) -> str:
+    parts = urlsplit(replica.url)
+    return f"{parts.scheme}://{parts.netloc}/metrics"
+
+
+class Prober:
+    def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool, config: Callable[[], GatewayConfig]) -> None:
+        self._session = session
+        self._pool = pool
+        self._config = config
+        self._no_metrics_until: dict[str, float] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Probe until `stop` is set, each kind of check on its own interval (0: that check is off)."""
+        due = {"health": 0.0, "scrape": 0.0}
+        while not stop.is_set():
+            settings = self._config().routes.balancing
+            intervals = {"health": settings.health_interval_s, "scrape": settings.scrape_interval_s}
+            checks = {"health": self.check_health, "scrape": self.scrape}
+            now = time.monotonic()
+            jobs = []
+            for kind, interval in intervals.items():
+                if interval and now >= due[kind]:
+                    due[kind] = now + interval
+                    jobs += [checks[kind](tier, replica) for tier, replica in self._replicas()]
+            if jobs:
+                await asyncio.gather(*jobs)
+            pending = [due[kind] for kind, interval in intervals.items() if interval]
+            sleep_s = min(pending, default=time.monotonic() + 1.0) - time.monotonic()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(0.05, sleep_s))
+            except TimeoutError:
+                pass
+
+    def _replicas(self) -> list[tuple[str, Replica]]:
+        return [(t.name, r) for t in self._config().routes.tiers for r in t.replicas]
+
+    async def check_health(self, tier: str, replica: Replica) -> None:
+        state = self._pool.state(replica, self._config().tiers.get(tier))
+        try:
+            async with self._session.get(replica.url + "/models", timeout=PROBE_TIMEOUT) as response:
+                healthy = response.status < 500
+        except (aiohttp.ClientError, TimeoutError):
+            healthy = False
+        if healthy != state.healthy:
+            log.warning("replica_health_changed", backend=replica.name, healthy=healthy)
+        state.healthy = healthy
+
+    async def scrape(self, tier: str, replica: Replica) -> None:
+        now = time.monotonic()
+        if self._no_metrics_until.get(replica.name, 0.0) > now:
+            return
+        try:
+            async with self._session.get(metrics_url(replica), timeout=PROBE_TIMEOUT) as response:
+                text = await response.text() if response.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            return  # the health check speaks for an unreachable server
+        load = parse_load(text, time.monotonic())
+        if load is None:
+            self._no_metrics_until[replica.name] = now + UNSUPPORTED_RETRY_S
+            return
+        self._pool.state(replica, self._config().tiers.get(tier)).load = load
