@@ -38,10 +38,10 @@ class ReplicaPool:
     def predict(self, tier: Tier, replica: Replica, tokens: int, cached_tokens: int = 0) -> float:
         return self.state(replica, tier).predict_ttft(tokens, cached_tokens, self._prior(tier))
 
-    def _prior(self, tier: Tier) -> float:
-        """The calibration of a replica not tried yet: its tier's mean."""
-        known = [c for r in tier.replicas if (c := self.state(r, tier).calibration) is not None]
-        return sum(known) / len(known) if known else 1.0
+    def _prior(self, tier: Tier) -> float | None:
+        """The fixed TTFT overhead of a replica not tried yet: its tier's mean (None: nothing seen)."""
+        known = [o for r in tier.replicas if (o := self.state(r, tier).overhead_s) is not None]
+        return sum(known) / len(known) if known else None
 
     def rank(self, tier: Tier, tokens: int, balancing: Balancing) -> tuple[Replica, ...]:
         """The tier's available replicas, best first: lowest predicted TTFT for a prompt of `tokens`;
@@ -73,7 +73,8 @@ class Lease:
     """One attempt's hold on a replica: counts it in flight, learns its TTFT at the first byte and
     its TPOT/E2E (or failure) at release. Releasing twice is a no-op."""
 
-    __slots__ = ("_pool", "_ctx", "replica", "_state", "_own_tokens", "_raw_s", "_sent_at", "_first_at", "_held")
+    __slots__ = ("_pool", "_ctx", "replica", "_state", "_own_tokens", "_work", "_queue_s", "_sent_at", "_first_at",
+                 "_held")
 
     def __init__(self, pool: ReplicaPool, replica: Replica, ctx: RequestContext) -> None:
         self._pool = pool
@@ -81,7 +82,8 @@ class Lease:
         self.replica = replica
         state = self._state = pool.state(replica, ctx.tier)
         cached = ctx.prefix_tokens if ctx.prefix_replica == replica.name else 0
-        self._raw_s = state.raw_ttft(ctx.prompt_tokens_est, cached)
+        self._work = state.work(ctx.prompt_tokens_est, cached)
+        self._queue_s = state.queue_s()
         self._own_tokens = max(0, ctx.prompt_tokens_est - cached)
         self._sent_at = time.perf_counter()
         self._first_at: float | None = None
@@ -102,7 +104,7 @@ class Lease:
         self._first_at = time.perf_counter() if at is None else at
         self._state.pending_tokens -= self._own_tokens
         alpha = self._ctx.config.routes.balancing.ewma_alpha
-        self._state.observe_ttft(self._first_at - self._sent_at, self._raw_s, alpha)
+        self._state.observe_ttft(self._first_at - self._sent_at, self._work, self._queue_s, alpha)
 
     def release(self, failed: bool = False) -> None:
         if not self._held:

@@ -1,14 +1,15 @@
 """Live statistics of one replica, and the time to first token it predicts for a new request.
 
-    raw TTFT  = base + (prompt tokens prefilling ahead + own uncached tokens) / prefill rate
-                + waiting × E2E / running          (the backend's own queue, when it reports one)
-    predicted = calibration × raw TTFT
+    predicted TTFT = a + b × work  +  waiting × E2E / running
+    work           = prompt tokens of requests prefilling ahead of it + its own uncached tokens
 
-`prefill rate` starts from the tier's `prefill_tokens_per_s` hint; `calibration` is an EWMA of
-observed / raw TTFT over this replica's recent requests, so a wrong hint, a slower machine or
-load from other gateways show up within a few requests; a replica not tried yet borrows its tier's
-mean (else it would never be tried). `base` is one decode step (EWMA TPOT).
-Streaming traffic is ranked on TTFT itself, never on TTFT divided by output tokens.
+`a` (fixed overhead: network, scheduling, a decode step, queues we cannot see) and `b` (seconds
+per prefill token) are fitted online to this replica's observed TTFTs by least squares with
+exponential forgetting; until the prompts seen vary enough in length, `b` is the tier's
+`prefill_tokens_per_s` hint. The last term is the backend's own queue, where its /metrics shows
+one (Little's law: `waiting` requests ahead, slots freeing every E2E / running seconds). A replica
+not tried yet borrows its tier's mean overhead, else it would never be tried. Streaming traffic is
+ranked on TTFT itself, never on TTFT divided by output tokens.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 from gateway.backends.breaker import CircuitBreaker
 
 DEFAULT_PREFILL_TPS = 4000.0
-DEFAULT_STEP_S = 0.01
-CALIBRATION_RANGE = (0.1, 50.0)
+DEFAULT_OVERHEAD_S = 0.01
+MIN_WORK_SPREAD = 64.0  # tokens: below this standard deviation of work, the slope is not fitted
 SCRAPE_STALE_S = 10.0
 CHARS_PER_TOKEN = 4
 
@@ -48,43 +49,79 @@ class BackendLoad:
 
 
 @dataclass(slots=True)
+class TtftFit:
+    """TTFT ≈ a + b × work, fitted from EWMA moments (exponential forgetting)."""
+
+    samples: int = 0
+    mean_x: float = 0.0
+    mean_y: float = 0.0
+    mean_xx: float = 0.0
+    mean_xy: float = 0.0
+
+    def add(self, work: float, ttft_s: float, alpha: float) -> None:
+        weight = 1.0 if self.samples == 0 else alpha
+        self.samples += 1
+        self.mean_x += weight * (work - self.mean_x)
+        self.mean_y += weight * (ttft_s - self.mean_y)
+        self.mean_xx += weight * (work * work - self.mean_xx)
+        self.mean_xy += weight * (work * ttft_s - self.mean_xy)
+
+    def slope(self, prior: float) -> float:
+        variance = self.mean_xx - self.mean_x ** 2
+        if self.samples < 3 or variance < MIN_WORK_SPREAD ** 2:
+            return prior
+        return max(0.0, (self.mean_xy - self.mean_x * self.mean_y) / variance)
+
+    def overhead(self, slope: float) -> float | None:
+        return None if self.samples == 0 else max(0.0, self.mean_y - slope * self.mean_x)
+
+
+@dataclass(slots=True)
 class ReplicaStats:
-    prefill_tps: float = DEFAULT_PREFILL_TPS
+    prefill_tps: float = DEFAULT_PREFILL_TPS  # the tier's hint
     in_flight: int = 0
     last_pick: int = 0
     pending_tokens: int = 0  # prompt tokens of this gateway's requests still waiting for their first byte
     ttft_s: float | None = None  # EWMAs of what this gateway observed
     tpot_s: float | None = None
     e2e_s: float | None = None
-    calibration: float | None = None  # None until the first TTFT sample
+    fit: TtftFit = field(default_factory=TtftFit)
     failures: int = 0  # failed attempts since start
     error_rate: float = 0.0  # EWMA of 1 per failed attempt, 0 per good one
     healthy: bool = True  # the last active health check passed
     load: BackendLoad = field(default_factory=BackendLoad)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
-    def raw_ttft(self, tokens: int, cached_tokens: int = 0, now: float | None = None) -> float:
-        """The model's TTFT before calibration, in seconds (see the module docstring)."""
-        base = self.tpot_s if self.tpot_s is not None else DEFAULT_STEP_S
-        work = self.pending_tokens + max(0, tokens - cached_tokens)
-        raw = base + work / self.prefill_tps
-        load = self.load
-        if load.waiting > 0 and load.fresh(time.monotonic() if now is None else now):
-            raw += load.waiting * (self.e2e_s or 1.0) / max(1.0, load.running)
-        return raw
+    @property
+    def overhead_s(self) -> float | None:
+        """The fitted fixed part of TTFT (None before the first sample)."""
+        return self.fit.overhead(self.fit.slope(1 / self.prefill_tps))
 
-    def predict_ttft(self, tokens: int, cached_tokens: int = 0, prior: float = 1.0) -> float:
-        calibration = prior if self.calibration is None else self.calibration
-        return calibration * self.raw_ttft(tokens, cached_tokens)
+    def work(self, tokens: int, cached_tokens: int = 0) -> int:
+        """Prefill tokens ahead of a new request, and its own."""
+        return self.pending_tokens + max(0, tokens - cached_tokens)
+
+    def queue_s(self, now: float | None = None) -> float:
+        """The wait in the backend's own queue, from its last fresh /metrics."""
+        load = self.load
+        if load.waiting <= 0 or not load.fresh(time.monotonic() if now is None else now):
+            return 0.0
+        return load.waiting * (self.e2e_s or 1.0) / max(1.0, load.running)
+
+    def predict_ttft(self, tokens: int, cached_tokens: int = 0, prior_overhead_s: float | None = None) -> float:
+        slope = self.fit.slope(1 / self.prefill_tps)
+        overhead = self.fit.overhead(slope)
+        if overhead is None:
+            overhead = DEFAULT_OVERHEAD_S if prior_overhead_s is None else prior_overhead_s
+        return overhead + slope * self.work(tokens, cached_tokens) + self.queue_s()
 
     def available(self) -> bool:
         return self.healthy and self.breaker.available()
 
-    def observe_ttft(self, observed_s: float, raw_s: float, alpha: float) -> None:
+    def observe_ttft(self, observed_s: float, work: int, queue_s: float, alpha: float) -> None:
+        """One TTFT seen for a request that had `work` prefill tokens and `queue_s` backend queue ahead."""
         self.ttft_s = ewma(self.ttft_s, observed_s, alpha)
-        low, high = CALIBRATION_RANGE
-        ratio = min(high, max(low, observed_s / max(raw_s, 1e-6)))
-        self.calibration = ewma(self.calibration, ratio, alpha)
+        self.fit.add(work, max(0.0, observed_s - queue_s), alpha)
 
     def observe_finish(self, e2e_s: float, tpot_s: float | None, failed: bool, alpha: float) -> None:
         self.error_rate = ewma(self.error_rate, 1.0 if failed else 0.0, alpha)

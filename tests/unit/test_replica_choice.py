@@ -1,0 +1,78 @@
+"""Replica choice inside a tier: predicted TTFT, power of two choices, health, the lease's bookkeeping."""
+
+import time
+
+from gateway.backends.pool import Lease, ReplicaPool
+from gateway.config.routes import Balancing
+from gateway.context import RequestContext
+from gateway.testing import gateway_config, tier
+
+TIER = tier("t", ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1", "http://127.0.0.1:11/v1"])
+STRICT = Balancing(near_tie=0.0)
+CONFIG = gateway_config([TIER])
+
+
+def context(tokens: int = 100) -> RequestContext:
+    ctx = RequestContext("r", "chat", CONFIG, b"", None, 0.0, 0.0)
+    ctx.tier, ctx.prompt_tokens_est = CONFIG.tiers["t"], tokens
+    return ctx
+
+
+def test_the_replica_with_less_prefill_queued_ahead_is_predicted_faster() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    a, b, c = t.replicas
+    leases = [Lease(pool, a, context(4000)), Lease(pool, b, context(200))]
+    assert pool.rank(t, 100, STRICT) == (c, b, a)
+    leases[0].first_byte()  # a's long prompt is prefilled: only its decode remains
+    assert pool.predict(t, a, 100) < pool.predict(t, b, 100)
+    assert pool.state(a).pending_tokens == 0 and pool.state(b).pending_tokens == 200
+
+
+def test_a_waiting_queue_inside_the_backend_raises_its_prediction() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    a = t.replicas[0]
+    idle = pool.predict(t, a, 100)
+    pool.state(a).load.waiting, pool.state(a).load.running = 8, 4
+    pool.state(a).load.at = time.monotonic()
+    assert pool.predict(t, a, 100) > idle + 1.0  # 8 waiting x ~1 s each / 4 running
+    assert pool.rank(t, 100, STRICT)[-1] == a
+
+
+def test_near_ties_go_to_the_less_loaded_of_two_drawn() -> None:
+    pool = ReplicaPool(seed=1)
+    t = CONFIG.tiers["t"]
+    picks = []
+    for _ in range(30):
+        first = pool.rank(t, 100, Balancing(near_tie=0.1))[0]
+        Lease(pool, first, context()).release()
+        picks.append(first.name)
+    assert {picks.count(name) for name in set(picks)} <= set(range(7, 14))  # spread, none starved
+    assert all(x != y for x, y in zip(picks, picks[1:]))  # never the one just picked
+
+
+def test_open_circuits_and_failed_health_checks_leave_the_ranking() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    a, b, c = t.replicas
+    for _ in range(CONFIG.routes.balancing.breaker.failures):
+        Lease(pool, a, context()).release(failed=True)
+    pool.state(b).healthy = False
+    assert pool.rank(t, 100, STRICT) == (c,)
+    assert pool.state(a).failures == 5 and pool.state(a).breaker.retry_in() > 4.0
+    pool.state(c).healthy = False
+    assert pool.rank(t, 100, STRICT) == () and pool.retry_in(t) == 0.0  # b and c wait for a health check
+
+
+def test_ttft_is_fitted_as_overhead_plus_prefill_and_untried_replicas_borrow_the_overhead() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    a, b, _ = t.replicas
+    for tokens in (100, 1100, 300, 2100, 600) * 4:  # observed: 50 ms + 0.5 ms per token
+        lease = Lease(pool, a, context(tokens))
+        lease.first_byte(lease._sent_at + 0.05 + 0.0005 * tokens)
+        lease.release()
+    assert abs(pool.state(a).overhead_s - 0.05) < 1e-6  # type: ignore[operator]
+    assert abs(pool.predict(t, a, 1000) - 0.55) < 1e-6
+    assert abs(pool.predict(t, b, 0) - 0.05) < 1e-6  # b: the tier's overhead, the hint's slope
