@@ -48,6 +48,8 @@ class ReplicaPool:
         among near-ties, the less loaded of two drawn at random (`near_tie` 0: no draw; exact ties go
         to the least recently picked). Open circuits and replicas failing their health checks are left
         out (empty: none may be tried now)."""
+        if balancing.strategy == "round_robin":
+            return self._rotation(tier)
         prior = self._prior(tier)
         scored = sorted(
             ((self.state(r, tier).predict_ttft(tokens, 0, prior), r) for r in tier.replicas
@@ -63,6 +65,14 @@ class ReplicaPool:
         drawn = self._random.sample(near, 2)
         first = min(drawn, key=lambda r: (self.state(r).in_flight, self.state(r).last_pick))
         return (first, *(r for _, r in scored if r is not first))
+
+    def _rotation(self, tier: Tier) -> tuple[Replica, ...]:
+        """The available replicas, starting one further along at each call."""
+        available = [r for r in tier.replicas if self.state(r, tier).available()]
+        if not available:
+            return ()
+        start = next(self._picks) % len(available)
+        return tuple(available[start:] + available[:start])
 
     def retry_in(self, tier: Tier) -> float:
         """Seconds until some replica of the tier may be tried again (for Retry-After)."""

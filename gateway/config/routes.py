@@ -170,6 +170,9 @@ class RetryBudget(Frozen):
 class Balancing(Frozen):
     """Replica choice inside a tier: lowest predicted TTFT, prefix affinity, live load from the backends."""
 
+    strategy: Literal["predicted_ttft", "round_robin"] = Field(
+        default="predicted_ttft", description="round_robin: plain rotation (a baseline; affinity still applies)"
+    )
     affinity_margin: float = Field(
         default=1.5, ge=1.0, description="the affine replica wins unless its predicted TTFT exceeds the best by this factor"
     )

@@ -76,3 +76,12 @@ def test_ttft_is_fitted_as_overhead_plus_prefill_and_untried_replicas_borrow_the
     assert abs(pool.state(a).overhead_s - 0.05) < 1e-6  # type: ignore[operator]
     assert abs(pool.predict(t, a, 1000) - 0.55) < 1e-6
     assert abs(pool.predict(t, b, 0) - 0.05) < 1e-6  # b: the tier's overhead, the hint's slope
+
+
+def test_round_robin_rotates_whatever_the_load() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    Lease(pool, t.replicas[0], context(8000))  # heavily loaded, and still taken in turn
+    firsts = [pool.rank(t, 100, Balancing(strategy="round_robin"))[0].name for _ in range(6)]
+    assert sorted(firsts) == ["t-0", "t-0", "t-1", "t-1", "t-2", "t-2"]
+    assert all(x != y for x, y in zip(firsts, firsts[1:]))
