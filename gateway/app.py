@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from gateway import client_limits
 from gateway.admission.stage import AdmissionStage
 from gateway.backends import collector
 from gateway.backends.pool import ReplicaPool
@@ -78,7 +79,7 @@ def create_app(
     gateway.accountant.prepare(config)  # load tokenizers now, never on the request path
     if config_files is not None:
         gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.accountant.prepare)
-    app = web.Application(client_max_size=BODY_CEILING)
+    app = web.Application(client_max_size=BODY_CEILING, handler_args=client_limits.handler_args())
     app[GATEWAY] = gateway
 
     async def resources(app: web.Application) -> AsyncIterator[None]:

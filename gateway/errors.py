@@ -3,6 +3,7 @@
     GatewayError                       500 api_error (never shown with a traceback)
      ├── InvalidRequest                400 invalid_request_error (param names the field)
      │    ├── BodyTooLarge             413
+     │    ├── RequestTimeout           408 (the body did not arrive in time)
      │    └── UnknownModel             404 model_not_found
      ├── AuthenticationFailed          401 authentication_error
      ├── PermissionDenied              403 permission_error
@@ -57,6 +58,11 @@ class InvalidRequest(GatewayError):
 class BodyTooLarge(InvalidRequest):
     status = 413
     code = "request_too_large"
+
+
+class RequestTimeout(InvalidRequest):
+    status = 408
+    code = "request_timeout"
 
 
 class UnknownModel(InvalidRequest):

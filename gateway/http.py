@@ -13,10 +13,15 @@ import orjson
 import structlog
 from aiohttp import web
 
+from gateway import client_limits
 from gateway.app import GATEWAY, Gateway
 from gateway.context import RequestContext
-from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UpstreamError, error_body
+from gateway.errors import (
+    BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, RequestTimeout, UpstreamError, error_body,
+)
+from gateway.openapi import openapi_spec
 from gateway.pipeline import run_stages
+from gateway.server import LIFECYCLE
 from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
 
 JSON = "application/json"
@@ -40,6 +45,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
     app.router.add_route("*", "/{tail:.*}", not_found)
 
 
@@ -89,22 +95,52 @@ async def _stream(request: web.Request, ctx: RequestContext, reply: StreamReply)
     response = web.StreamResponse(headers=_headers(ctx, {**SSE_HEADERS, **reply.headers}))
     ctx.status = 200
     await response.prepare(request)
+    transport = request.transport
+    # A chunk under half the high-water mark into an empty buffer cannot pause the writer, so it
+    # cannot block: only other writes get a timer (none per token while the client keeps up).
+    safe = transport.get_write_buffer_limits()[1] // 2 if transport is not None else 0
     async for chunk in reply.source.chunks():
-        await response.write(chunk)
+        if transport is None or (len(chunk) < safe and not transport.get_write_buffer_size()):
+            await response.write(chunk)
+        elif not await _write_behind(response, transport, ctx, chunk):
+            return response
     await response.write_eof()
     return response
 
 
+async def _write_behind(
+    response: web.StreamResponse, transport: asyncio.Transport, ctx: RequestContext, chunk: bytes
+) -> bool:
+    """Write to a client that is behind; one that takes nothing for the write timeout is dropped
+    (the caller's `finally` then cancels the upstream). False when it was dropped."""
+    timeout_s = client_limits.LIMITS.write_timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(chunk)
+    except TimeoutError:
+        ctx.status, ctx.outcome, ctx.error = CLIENT_CLOSED_STATUS, "client_disconnected", "client_write_timeout"
+        log.warning("client_write_timeout", request_id=ctx.request_id, timeout_s=timeout_s,
+                    buffered_bytes=transport.get_write_buffer_size())
+        transport.abort()  # close() would wait for the unread buffer to flush
+        return False
+    return True
+
+
 async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, read no further than `limit` bytes (413 beyond) and within the body timeout (408)."""
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"the request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
+    timeout_s = client_limits.LIMITS.body_timeout_s
+    raw = bytearray()
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raw = None  # over the hard ceiling: refused like any body over the limit
-    if raw is None or len(raw) > limit:
-        raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
-    return raw
+        async with asyncio.timeout(timeout_s):
+            async for piece in request.content.iter_any():
+                raw += piece
+                if len(raw) > limit:
+                    raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
+    return bytes(raw)
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -157,11 +193,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    ready = bool(gateway.stages)
+    lifecycle = request.app.get(LIFECYCLE)
+    draining = lifecycle is not None and lifecycle.draining
+    ready = bool(gateway.stages) and not draining
     redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
-    body = {"status": "ready" if ready else "starting", "config_version": gateway.config.version,
+    status = "draining" if draining else "ready" if ready else "starting"
+    body = {"status": status, "config_version": gateway.config.version,
             "tiers": list(gateway.config.tiers), "redis": redis}
     return web.Response(body=orjson.dumps(body), status=200 if ready else 503, content_type=JSON)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=orjson.dumps(openapi_spec(request.app[GATEWAY].config)), content_type=JSON)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,20 +1,47 @@
-"""Run aiohttp applications: on a port (0 picks a free one), until a signal, on uvloop."""
+"""Run aiohttp applications: on a port (0 picks a free one), until a signal, on uvloop.
+
+Shutdown drains: on SIGTERM (or SIGINT) the listening socket closes (new connections are refused),
+`Lifecycle.draining` turns /readyz to 503, requests in flight get up to the drain timeout to finish,
+then what is left is cancelled (their handlers still run their `finally`: the request is logged),
+and only then are the app's resources closed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import signal
+import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from aiohttp import web
 
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
-async def start(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
-    """Start `app`; returns its runner and the port it listens on. Client disconnects cancel handlers."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+log = structlog.get_logger("gateway.server")
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """Where the server is in its life; /readyz reads it."""
+
+    draining: bool = False
+
+
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+
+
+async def start(app: web.Application, host: str = "127.0.0.1", port: int = 0,
+                drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> tuple[web.AppRunner, int]:
+    """Start `app`; returns its runner and the port it listens on. Client disconnects cancel handlers;
+    `runner.cleanup()` waits up to `drain_timeout_s` for requests in flight."""
+    if LIFECYCLE not in app:
+        app[LIFECYCLE] = Lifecycle()
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -43,15 +70,37 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def serve_until_signal(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None) -> None:
-    """Serve until SIGINT or SIGTERM (or `stop` is set), then shut down cleanly."""
+async def serve_until_signal(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None,
+                             drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> None:
+    """Serve until SIGINT or SIGTERM (or `stop` is set), then drain and shut down cleanly."""
     stop = stop or stop_on_signals()
-    runner, _ = await start(app, host, port)
+    runner, _ = await start(app, host, port, drain_timeout_s)
     gc.freeze()  # what start-up allocated is long-lived: keep it out of every collection
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await drain(runner, drain_timeout_s)
+
+
+async def drain(runner: web.AppRunner, timeout_s: float) -> None:
+    """Refuse new connections, mark the app draining, wait for requests in flight (cancelled past
+    `timeout_s`), then close the app's resources."""
+    runner.app[LIFECYCLE].draining = True
+    started = time.monotonic()
+    log.info("draining", in_flight=in_flight(runner), drain_timeout_s=timeout_s)
+    deadline = asyncio.get_running_loop().call_later(
+        timeout_s, lambda: log.warning("drain_deadline", cancelled=in_flight(runner)))
+    try:
+        await runner.cleanup()  # stops the sites first, then waits per connection up to the timeout
+    finally:
+        deadline.cancel()
+    log.info("drained", seconds=round(time.monotonic() - started, 3))
+
+
+def in_flight(runner: web.AppRunner) -> int:
+    """Requests being handled now (best effort: aiohttp keeps that flag per connection, privately)."""
+    connections = runner.server.connections if runner.server is not None else []
+    return sum(1 for conn in connections if getattr(conn, "_request_in_progress", False))
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

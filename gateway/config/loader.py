@@ -74,6 +74,9 @@ def _read(file: Path) -> tuple[Any, yaml.Node | None]:
         raise ConfigError([ConfigIssue(str(file), None, "(file)", str(file), err.strerror or str(err))]) from None
     except UnicodeDecodeError:
         raise ConfigError([ConfigIssue(str(file), None, "(file)", "bytes", "not UTF-8 text")]) from None
+    except RecursionError:  # PyYAML recurses once per nesting level (found by fuzzing)
+        issue = ConfigIssue(str(file), None, "(document)", "-", "invalid YAML: nested too deeply")
+        raise ConfigError([issue]) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -5,6 +5,7 @@ last good version keeps serving. In-flight requests keep the version they starte
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import watchfiles
 from gateway.config import ConfigError, ConfigIssue, GatewayConfig, load_config
 
 log = structlog.get_logger("gateway.config")
+CONFIGMAP_DATA = "..data"  # the symlink kubelet swaps atomically when a mounted ConfigMap changes
 
 
 @dataclass
@@ -32,8 +34,11 @@ class ReloadState:
 class ConfigReloader:
     def __init__(self, routes: Path, policy: Path, apply: Callable[[GatewayConfig], None],
                  prepare: Callable[[GatewayConfig], None] = lambda config: None) -> None:
-        self.state = ReloadState((routes.resolve(), policy.resolve()))
-        self._names = frozenset(str(path) for path in self.state.files)  # compared as given: no syscalls
+        # absolute, symlinks kept: a Kubernetes ConfigMap volume publishes a new version by swapping
+        # its `..data` symlink, so resolving would pin the old version's folder (deleted on update)
+        self.state = ReloadState((Path(os.path.abspath(routes)), Path(os.path.abspath(policy))))
+        swaps = [path.parent / CONFIGMAP_DATA for path in self.state.files]
+        self._names = frozenset(str(path) for path in (*self.state.files, *swaps))  # compared as given: no syscalls
         self._apply = apply
         self._prepare = prepare  # slow work for a new version (tokenizers): runs off the event loop
         self._lock = asyncio.Lock()

@@ -95,6 +95,7 @@ class Replica(Frozen):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http(s) URL with a host, like http://127.0.0.1:9101/v1")
+        parts.port  # raises ValueError for a port outside 0-65535
         return value.rstrip("/")
 
     @property

@@ -72,7 +72,7 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(message, dict):
             raise InvalidRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a dict or list role is unhashable
             raise InvalidRequest(
                 f"'messages[{i}].role' must be one of {', '.join(sorted(ROLES))}, got {role!r}",
                 param=f"messages[{i}].role",

@@ -39,7 +39,13 @@ class PolicyStage:
 
 
 def resolve_tenant(config: GatewayConfig, api_key: str | None) -> TenantPolicy:
-    """The tenant owning `api_key`, or the anonymous one where the policy allows it."""
+    """The tenant owning `api_key`, or the anonymous one where the policy allows it.
+
+    Why these dict lookups leak nothing about a key (the argument for hmac.compare_digest holds):
+    a dict compares the bytes of two keys only when their full 64-bit hashes match, and str hashes
+    are SipHash under a per-process random seed, so a wrong key's lookup time depends on no byte
+    of any stored key; the stored side is SHA-256, whose digests a near-miss cannot approach.
+    Only keys found valid enter `tenants_by_key`, so guessing cannot grow it."""
     if not api_key:
         if config.anonymous is not None:
             return config.anonymous
