@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run run-emulated test typecheck bench clean
+.PHONY: run run-emulated test typecheck bench bench-compare clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ typecheck: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/proxy_overhead.py
+
+# issue 9: direct vs bare proxy vs gateway (cache off/on) vs LiteLLM, then routing quality; both write
+# docs/BENCHMARKS.md. compare.py creates .venv-litellm (bench/litellm/requirements.txt) on first use.
+bench-compare: $(VENV)/.installed
+	$(BIN)/python bench/compare.py
+	$(BIN)/python bench/routing_quality.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

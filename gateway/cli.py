@@ -41,6 +41,7 @@ PASS_THROUGH = {
     "costs": "cost report over request logs: totals, percentiles, savings, CSV, chart",
     "train": "fit the difficulty head on a labeled JSONL and export it (the train extra)",
     "calibrate": "set routing bands so given shares of a prompt sample reach each tier",
+    "bench": "load a server with ShareGPT or synthetic requests; TTFT/TPOT/ITL/E2E, goodput, plots",
 }
 
 
@@ -53,6 +54,10 @@ def _pass_through(command: str, rest: Sequence[str]) -> int:
         from gateway.classifier.train import run_train
 
         return run_train(rest)
+    if command == "bench":
+        from gateway.bench.cli import run_bench
+
+        return run_bench(rest)
     from gateway.classifier.calibrate import run_calibrate
 
     return run_calibrate(rest)
@@ -66,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_args(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="on SIGTERM, how long streams in flight may run on before they are cut (default 30)")
     _add_log_args(serve)
     _add_redis_args(serve)
     serve.set_defaults(handler=_serve)
@@ -200,7 +207,7 @@ def _serve(args: argparse.Namespace) -> int:
     with _logging(args), _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
         app = create_app(config, _scorer(config), redis_url, config_files=(args.routes, args.policies))
-        server.run(server.serve_until_signal(app, args.host, args.port))
+        server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
     return 0
 
 
