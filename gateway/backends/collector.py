@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -10,6 +10,19 @@ from prometheus_client.registry import Collector
 
 from gateway.backends.breaker import STATE_CODES
 from gateway.backends.pool import ReplicaPool
+from gateway.backends.stats import ReplicaStats
+
+GAUGES: tuple[tuple[str, str, Callable[[ReplicaStats], float]], ...] = (
+    ("gateway_replica_in_flight", "Requests in flight", lambda s: s.in_flight),
+    ("gateway_replica_ttft_ewma_seconds", "EWMA of observed TTFT", lambda s: s.ttft_s or 0.0),
+    ("gateway_replica_tpot_ewma_seconds", "EWMA of observed TPOT", lambda s: s.tpot_s or 0.0),
+    ("gateway_replica_predicted_wait_seconds", "Predicted TTFT of an empty prompt (queueing ahead of it)",
+     lambda s: s.predict_ttft(0)),
+    ("gateway_replica_healthy", "Last active health check passed (1)", lambda s: 1.0 if s.healthy else 0.0),
+    ("gateway_replica_circuit_state", "0 closed, 1 open, 2 half-open", lambda s: STATE_CODES[s.breaker.state]),
+    ("gateway_replica_backend_waiting", "Requests waiting inside the backend (its /metrics)",
+     lambda s: s.load.waiting),
+)
 
 
 class PoolCollector(Collector):
@@ -17,30 +30,12 @@ class PoolCollector(Collector):
         self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
-        families = {
-            "in_flight": GaugeMetricFamily("gateway_replica_in_flight", "Requests in flight", labels=["backend"]),
-            "ttft": GaugeMetricFamily("gateway_replica_ttft_ewma_seconds", "EWMA of observed TTFT",
-                                      labels=["backend"]),
-            "tpot": GaugeMetricFamily("gateway_replica_tpot_ewma_seconds", "EWMA of observed TPOT",
-                                      labels=["backend"]),
-            "wait": GaugeMetricFamily("gateway_replica_predicted_wait_seconds",
-                                      "Predicted TTFT of an empty prompt (queueing ahead of it)", labels=["backend"]),
-            "healthy": GaugeMetricFamily("gateway_replica_healthy", "Last active health check passed (1)",
-                                         labels=["backend"]),
-            "breaker": GaugeMetricFamily("gateway_replica_circuit_state", "0 closed, 1 open, 2 half-open",
-                                         labels=["backend"]),
-            "waiting": GaugeMetricFamily("gateway_replica_backend_waiting",
-                                         "Requests waiting inside the backend (its /metrics)", labels=["backend"]),
-        }
-        for name, state in self._pool.states().items():
-            families["in_flight"].add_metric([name], state.in_flight)
-            families["ttft"].add_metric([name], state.ttft_s or 0.0)
-            families["tpot"].add_metric([name], state.tpot_s or 0.0)
-            families["wait"].add_metric([name], state.predict_ttft(0))
-            families["healthy"].add_metric([name], 1.0 if state.healthy else 0.0)
-            families["breaker"].add_metric([name], STATE_CODES[state.breaker.state])
-            families["waiting"].add_metric([name], state.load.waiting)
-        yield from families.values()
+        states = self._pool.states()
+        for name, help_, read in GAUGES:
+            family = GaugeMetricFamily(name, help_, labels=["backend"])
+            for backend, state in states.items():
+                family.add_metric([backend], read(state))
+            yield family
 
 
 def register(pool: ReplicaPool, registry: CollectorRegistry) -> None:
