@@ -46,7 +46,7 @@ class AdmissionStage:
         if not gate.has_room() or (slo_s is not None and predicted > slo_s):
             gate, predicted = self._brownout(ctx, gate, predicted)
         wait = gate.expected_wait(priority)
-        if slo_s is not None and predicted + wait > slo_s:
+        if slo_s is not None and predicted + wait > slo_s and not self._idle(ctx, wait):
             self._shed(ctx, gate, Overloaded(
                 f"tier {gate.tier!r} would answer in about {(predicted + wait) * 1000:.0f} ms, over the "
                 f"{slo_s * 1000:.0f} ms TTFT objective of tenant {ctx.tenant_name!r}",
@@ -59,7 +59,29 @@ class AdmissionStage:
         ctx.queue_ms = permit.waited_s * 1000
         ctx.first_byte_hooks.append(permit.sample)
         ctx.finishers.append(lambda _: permit.release())
+        if permit.waited_s > 0:
+            self._after_wait(ctx, gate, permit.waited_s, slo_s)
         return None
+
+    def _after_wait(self, ctx: RequestContext, gate: TierGate, waited_s: float, slo_s: float | None) -> None:
+        """The replicas' load changed while the request waited: rank them again, and shed it if the
+        wait plus the new prediction now misses its SLO (it would miss anyway, and load the fleet)."""
+        assert ctx.tier is not None
+        ctx.candidates = self._pool.rank(ctx.tier, ctx.prompt_tokens_est, ctx.config.routes.balancing)
+        if not ctx.candidates:
+            return  # the proxy says no replica is available
+        predicted = self._predicted(ctx)
+        if slo_s is not None and waited_s + predicted > slo_s:
+            self._shed(ctx, gate, Overloaded(
+                f"tier {gate.tier!r} would answer after {(waited_s + predicted) * 1000:.0f} ms in all, over the "
+                f"{slo_s * 1000:.0f} ms TTFT objective of tenant {ctx.tenant_name!r}",
+                code="predicted_slo_miss", retry_after=predicted))
+
+    def _idle(self, ctx: RequestContext, wait: float) -> bool:
+        """Nothing of ours runs on the best replica and no slot wait: a prediction over the SLO is then
+        more likely stale than true, and only a request sent now can refresh it (never shed by it)."""
+        assert ctx.tier is not None
+        return wait == 0 and self._pool.state(ctx.candidates[0], ctx.tier).in_flight == 0
 
     def _predicted(self, ctx: RequestContext) -> float:
         assert ctx.tier is not None

@@ -29,7 +29,8 @@ class ReplicaPool:
         state = self._states.get(replica.name)
         if state is None:
             hint = tier.prefill_tokens_per_s if tier is not None else None
-            state = self._states[replica.name] = ReplicaStats(prefill_tps=hint or DEFAULT_PREFILL_TPS)
+            slots = tier.slots_per_replica if tier is not None else None
+            state = self._states[replica.name] = ReplicaStats(prefill_tps=hint or DEFAULT_PREFILL_TPS, slots=slots)
         return state
 
     def states(self) -> dict[str, ReplicaStats]:

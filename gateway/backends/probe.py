@@ -117,4 +117,4 @@ class Prober:
         if load is None:
             self._no_metrics_until[replica.name] = now + UNSUPPORTED_RETRY_S
             return
-        self._pool.state(replica, self._config().tiers.get(tier)).load = load
+        self._pool.state(replica, self._config().tiers.get(tier)).observe_load(load)

@@ -6,8 +6,10 @@
 `a` (fixed overhead: network, scheduling, a decode step, queues we cannot see) and `b` (seconds
 per prefill token) are fitted online to this replica's observed TTFTs by least squares with
 exponential forgetting; until the prompts seen vary enough in length, `b` is the tier's
-`prefill_tokens_per_s` hint. The last term is the backend's own queue, where its /metrics shows
-one (Little's law: `waiting` requests ahead, slots freeing every E2E / running seconds). A replica
+`prefill_tokens_per_s` hint. The last term is the backend's own queue (Little's law: `ahead`
+requests before it, a slot freeing every E2E / slots seconds): `waiting` from its /metrics, or,
+sooner, this gateway's own requests beyond the replica's batch slots (`running` when its
+/metrics last showed a queue). A replica
 not tried yet borrows its tier's mean overhead, else it would never be tried. Streaming traffic is
 ranked on TTFT itself, never on TTFT divided by output tokens.
 """
@@ -89,6 +91,7 @@ class ReplicaStats:
     failures: int = 0  # failed attempts since start
     error_rate: float = 0.0  # EWMA of 1 per failed attempt, 0 per good one
     healthy: bool = True  # the last active health check passed
+    slots: int | None = None  # requests the backend runs at once, learned from its /metrics
     load: BackendLoad = field(default_factory=BackendLoad)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
@@ -102,11 +105,25 @@ class ReplicaStats:
         return self.pending_tokens + max(0, tokens - cached_tokens)
 
     def queue_s(self, now: float | None = None) -> float:
-        """The wait in the backend's own queue, from its last fresh /metrics."""
-        load = self.load
-        if load.waiting <= 0 or not load.fresh(time.monotonic() if now is None else now):
-            return 0.0
-        return load.waiting * (self.e2e_s or 1.0) / max(1.0, load.running)
+        """The wait in the backend's own queue: what its last fresh /metrics said, or what this
+        gateway alone has sent beyond its batch slots, whichever is longer."""
+        load, e2e = self.load, self.e2e_s or 1.0
+        reported = 0.0
+        if load.waiting > 0 and load.fresh(time.monotonic() if now is None else now):
+            reported = load.waiting * e2e / max(1.0, load.running)
+        own = 0.0
+        if self.slots is not None and self.in_flight >= self.slots:
+            own = (self.in_flight - self.slots + 1) * e2e / self.slots
+        return max(reported, own)
+
+    def observe_load(self, load: BackendLoad) -> None:
+        """A scrape of the backend's /metrics: a queue beside running requests shows its batch slots."""
+        self.load = load
+        running = round(load.running)
+        if load.waiting > 0 and running > 0:
+            self.slots = running
+        elif self.slots is not None and running > self.slots:
+            self.slots = running
 
     def predict_ttft(self, tokens: int, cached_tokens: int = 0, prior_overhead_s: float | None = None) -> float:
         slope = self.fit.slope(1 / self.prefill_tps)
@@ -119,9 +136,12 @@ class ReplicaStats:
         return self.healthy and self.breaker.available()
 
     def observe_ttft(self, observed_s: float, work: int, queue_s: float, alpha: float) -> None:
-        """One TTFT seen for a request that had `work` prefill tokens and `queue_s` backend queue ahead."""
+        """One TTFT seen for a request that had `work` prefill tokens and `queue_s` backend queue ahead.
+        Only requests sent with no queue ahead teach the fit: a queue's length is a guess, and the
+        fit must not mistake a passing queue for the replica's own overhead."""
         self.ttft_s = ewma(self.ttft_s, observed_s, alpha)
-        self.fit.add(work, max(0.0, observed_s - queue_s), alpha)
+        if queue_s == 0:
+            self.fit.add(work, observed_s, alpha)
 
     def observe_finish(self, e2e_s: float, tpot_s: float | None, failed: bool, alpha: float) -> None:
         self.error_rate = ewma(self.error_rate, 1.0 if failed else 0.0, alpha)

@@ -139,6 +139,10 @@ class Tier(Frozen):
     prefill_tokens_per_s: float | None = Field(
         default=None, gt=0, description="first guess of one replica's prefill speed (learned from traffic after)"
     )
+    slots_per_replica: int | None = Field(
+        default=None, ge=1, description="requests one replica runs at once (vLLM --max-num-seqs); else learned "
+        "from its /metrics"
+    )
     brownout_to: str | None = Field(
         default=None, description="a faster tier that takes this tier's 'auto' traffic when it is saturated"
     )

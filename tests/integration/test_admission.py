@@ -72,8 +72,13 @@ async def test_a_predicted_slo_miss_is_shed_with_503_retry_after_and_logged(
     url = await start_gateway(config)
     first, _, _ = await ask(url)  # admitted: nothing is known yet; it teaches the gateway 0.3 s
     with capture_logs() as logs:
+        alone, _, _ = await ask(url)  # predicted 0.3 s, but the replica is idle: sent, to keep learning
+    assert first == alone == 200 and logs[-1]["predicted_ttft_ms"] > 200
+    holder = asyncio.create_task(ask(url))
+    await asyncio.sleep(0.05)
+    with capture_logs() as logs:
         status, headers, body = await ask(url)
-    assert first == 200 and status == 503
+    assert (await holder)[0] == 200 and status == 503
     assert int(headers["Retry-After"]) >= 1
     error = (await _json(body))["error"]
     assert error["code"] == "predicted_slo_miss" and error["type"] == "overloaded_error"

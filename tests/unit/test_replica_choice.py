@@ -3,6 +3,7 @@
 import time
 
 from gateway.backends.pool import Lease, ReplicaPool
+from gateway.backends.stats import BackendLoad
 from gateway.config.routes import Balancing
 from gateway.context import RequestContext
 from gateway.testing import gateway_config, tier
@@ -85,3 +86,28 @@ def test_round_robin_rotates_whatever_the_load() -> None:
     firsts = [pool.rank(t, 100, Balancing(strategy="round_robin"))[0].name for _ in range(6)]
     assert sorted(firsts) == ["t-0", "t-0", "t-1", "t-1", "t-2", "t-2"]
     assert all(x != y for x, y in zip(firsts, firsts[1:]))
+
+
+def test_requests_beyond_the_batch_slots_seen_on_metrics_predict_a_queue() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    a = t.replicas[0]
+    state = pool.state(a)
+    state.observe_load(BackendLoad(running=4, waiting=2, at=time.monotonic()))
+    state.observe_load(BackendLoad(running=3, waiting=0, at=time.monotonic()))  # slots stay 4
+    assert state.slots == 4
+    state.e2e_s = 2.0
+    leases = [Lease(pool, a, context(10)) for _ in range(3)]
+    idle = pool.predict(t, a, 10)
+    leases.append(Lease(pool, a, context(10)))  # the 4th fills the slots: a 5th would wait
+    for lease in leases:
+        lease.first_byte()
+    assert idle < 0.1 and pool.predict(t, a, 10) >= 0.5  # one slot frees every 2 s / 4
+    assert pool.rank(t, 10, STRICT)[-1] == a
+
+
+def test_a_ttft_seen_behind_a_queue_does_not_teach_the_overhead() -> None:
+    state = ReplicaPool().state(CONFIG.tiers["t"].replicas[0])
+    state.observe_ttft(0.05, work=100, queue_s=0.0, alpha=0.2)
+    state.observe_ttft(3.0, work=100, queue_s=0.5, alpha=0.2)  # the queue's length was a guess
+    assert state.overhead_s is not None and abs(state.overhead_s + 100 / 4000 - 0.05) < 1e-9
