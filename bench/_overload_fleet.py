@@ -23,6 +23,8 @@ from typing import Any
 import _load as L
 from proxy_overhead import Procs
 
+from gateway.emulator.profiles import get_profile
+
 API_KEY = "sk-overload"
 TIER = "overload"
 TTFT_SLO_MS = 500.0
@@ -50,6 +52,10 @@ def routes_text(spec: FleetSpec, ports: list[int]) -> str:
     admission a request waits in the backend queue rather than timing out and failing over."""
     replicas = [(f"{TIER}-{i}", f"http://127.0.0.1:{p}/v1") for i, p in enumerate(ports)]
     base = L.routes_yaml({TIER: replicas}).split("\n", 1)[1]  # drop its upstream line: ours follows
+    # what an operator writes for vLLM's --max-num-seqs: the gateway then knows a replica is full
+    # before its /metrics first shows a queue
+    slots = get_profile(PROFILE).max_running
+    base = base.replace("    replicas:\n", f"    slots_per_replica: {slots}\n    replicas:\n", 1)
     admission = {"enabled": "true" if spec.admission else "false", **spec.admission_settings}
     return ("upstream: {connect_timeout_s: 2, read_timeout_s: 300, max_attempts: 2}\n" + base
             + "admission: {" + ", ".join(f"{k}: {v}" for k, v in admission.items()) + "}\n"

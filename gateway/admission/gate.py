@@ -25,22 +25,30 @@ class TierGate:
         self.in_flight = 0
         self.queue = WaitQueue()
         self.hold_s: float | None = None  # EWMA of how long an admitted request holds its slot
+        self.capacity: int | None = None  # the tier's batch slots, when known: the limit never exceeds them
         self._limit_gauge = metrics.admission_limit.labels(tier)
         self._in_flight_gauge = metrics.admission_in_flight.labels(tier)
         self._depth_gauges = {p: metrics.queue_depth.labels(tier, p) for p in PRIORITIES}
         self._wait = metrics.queue_wait.labels(tier)
         self._limit_gauge.set(self.limiter.limit)
 
+    @property
+    def slots(self) -> int:
+        """Requests admitted at once: the adaptive limit, at most the backends' batch slots (above
+        them a request only waits in a backend's queue, where nothing orders it or keeps its deadline)."""
+        slots = self.limiter.slots
+        return slots if self.capacity is None else min(slots, self.capacity)
+
     def has_room(self) -> bool:
-        return self.in_flight < self.limiter.slots and not len(self.queue)
+        return self.in_flight < self.slots and not len(self.queue)
 
     def expected_wait(self, priority: Priority) -> float:
         """Seconds a request of `priority` arriving now would wait for a slot: a slot frees about every
         hold / limit seconds, and those ahead of it take the first ones."""
         if self.has_room():
             return 0.0
-        ahead = self.queue.ahead_of(priority) + max(0, self.in_flight - self.limiter.slots + 1)
-        return (ahead + 1) * (self.hold_s or DEFAULT_HOLD_S) / self.limiter.slots
+        ahead = self.queue.ahead_of(priority) + max(0, self.in_flight - self.slots + 1)
+        return (ahead + 1) * (self.hold_s or DEFAULT_HOLD_S) / self.slots
 
     async def acquire(self, tenant: str, priority: Priority, max_wait_s: float) -> Permit:
         """A slot now, or after waiting at most `max_wait_s`; Overloaded (503) when the queue is full
@@ -87,7 +95,7 @@ class TierGate:
 
     def _admit_waiters(self) -> None:
         """Hand free slots to waiters, in the queue's order."""
-        while self.in_flight < self.limiter.slots:
+        while self.in_flight < self.slots:
             waiter = self.queue.pop(self.settings.batch_share)
             if waiter is None:
                 return
@@ -100,7 +108,7 @@ class TierGate:
 
     def on_sample(self, ttft_s: float) -> None:
         self.limiter.on_sample(ttft_s, self.in_flight, self.settings)
-        self._limit_gauge.set(self.limiter.limit)
+        self._limit_gauge.set(min(self.limiter.limit, self.capacity or self.limiter.limit))
         self._admit_waiters()
 
     def on_release(self, held_s: float) -> None:

@@ -33,6 +33,7 @@ class AdmissionStage:
         if gate is None:
             gate = self._gates[tier.name] = TierGate(tier.name, settings, self._metrics)
         gate.settings = settings
+        gate.capacity = self._pool.capacity(tier)
         return gate
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:

@@ -22,6 +22,7 @@ class ReplicaPool:
     def __init__(self, seed: int | None = None) -> None:
         self._states: dict[str, ReplicaStats] = {}
         self._picks = itertools.count(1)
+        self._turns = itertools.count()
         self._random = random.Random(seed)
         self.retries = RetryBudget()
 
@@ -72,8 +73,13 @@ class ReplicaPool:
         available = [r for r in tier.replicas if self.state(r, tier).available()]
         if not available:
             return ()
-        start = next(self._picks) % len(available)
+        start = next(self._turns) % len(available)
         return tuple(available[start:] + available[:start])
+
+    def capacity(self, tier: Tier) -> int | None:
+        """Requests the tier's replicas run at once, when every replica's batch slots are known."""
+        slots = [self.state(r, tier).slots for r in tier.replicas]
+        return None if any(s is None for s in slots) else sum(s for s in slots if s is not None)
 
     def retry_in(self, tier: Tier) -> float:
         """Seconds until some replica of the tier may be tried again (for Retry-After)."""

@@ -87,3 +87,14 @@ async def test_a_client_that_leaves_the_queue_takes_no_slot() -> None:
     held.release()
     assert gate.in_flight == 0 and len(gate.queue) == 0
     assert gate.has_room()
+
+
+async def test_the_gate_never_admits_more_than_the_backends_batch_slots() -> None:
+    gate = TierGate("t", Admission(initial_limit=32, min_limit=2, max_limit=64), GatewayMetrics())
+    gate.capacity = 2
+    permits = [await gate.acquire("a", "interactive", 1.0) for _ in range(2)]
+    assert not gate.has_room() and gate.expected_wait("interactive") > 0
+    with pytest.raises(Overloaded):
+        await gate.acquire("a", "interactive", 0.01)
+    permits[0].release()
+    assert gate.has_room()

@@ -80,12 +80,15 @@ def test_ttft_is_fitted_as_overhead_plus_prefill_and_untried_replicas_borrow_the
 
 
 def test_round_robin_rotates_whatever_the_load() -> None:
+    four = tier("r", [f"http://127.0.0.1:{port}/v1" for port in range(20, 24)])
     pool = ReplicaPool()
-    t = CONFIG.tiers["t"]
-    Lease(pool, t.replicas[0], context(8000))  # heavily loaded, and still taken in turn
-    firsts = [pool.rank(t, 100, Balancing(strategy="round_robin"))[0].name for _ in range(6)]
-    assert sorted(firsts) == ["t-0", "t-0", "t-1", "t-1", "t-2", "t-2"]
-    assert all(x != y for x, y in zip(firsts, firsts[1:]))
+    Lease(pool, four.replicas[0], context(8000))  # heavily loaded, and still taken in turn
+    firsts = []
+    for _ in range(8):
+        first = pool.rank(four, 100, Balancing(strategy="round_robin"))[0]
+        Lease(pool, first, context()).release()  # a lease between picks must not skip a replica
+        firsts.append(first.name)
+    assert firsts == ["r-0", "r-1", "r-2", "r-3"] * 2
 
 
 def test_requests_beyond_the_batch_slots_seen_on_metrics_predict_a_queue() -> None:
@@ -111,3 +114,12 @@ def test_a_ttft_seen_behind_a_queue_does_not_teach_the_overhead() -> None:
     state.observe_ttft(0.05, work=100, queue_s=0.0, alpha=0.2)
     state.observe_ttft(3.0, work=100, queue_s=0.5, alpha=0.2)  # the queue's length was a guess
     assert state.overhead_s is not None and abs(state.overhead_s + 100 / 4000 - 0.05) < 1e-9
+
+
+def test_the_tier_capacity_is_known_once_every_replica_has_slots() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    assert pool.capacity(t) is None
+    for replica in t.replicas:
+        pool.state(replica, t).slots = 8
+    assert pool.capacity(t) == 24
