@@ -4,12 +4,15 @@ Each sample is one request's TTFT, measured from its admission (queue time exclu
 
     short    = EWMA of recent TTFT (about 10 requests)
     long     = EWMA of TTFT over about 200 requests (the no-queue baseline; decays toward short)
-    gradient = clamp(TOLERANCE × long / short, 0.5, 1), and at most target / short above the target
+    gradient = clamp((TOLERANCE × long + SLACK) / short, 0.5, 1), and at most target / short above
+               the target
     limit    = (1 − SMOOTHING) × limit + SMOOTHING × (gradient × limit + √limit)
 
 So the limit grows by about √limit per sample while TTFT stays near its baseline and under the
-target, and shrinks (at most halving) as soon as queueing shows up in TTFT. It does not grow while
-less than half of it is used (no evidence that more would be fine).
+target, and shrinks (at most halving) as soon as queueing shows up in TTFT. `SLACK` keeps jitter
+on a fast backend (12 ms TTFT becoming 150 ms for a few requests: CPU noise, not a queue) from
+ratcheting its limit down; a queue shows up as hundreds of milliseconds that last. It does not
+grow while less than half of it is used (no evidence that more would be fine).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gateway.config.routes import Admission
 SHORT_ALPHA = 0.2
 LONG_ALPHA = 0.005
 TOLERANCE = 1.5
+SLACK_S = 0.05
 SMOOTHING = 0.2
 MIN_GRADIENT = 0.5
 
@@ -45,7 +49,7 @@ class GradientLimit:
         if long / short > 2:
             self.long_s = long = long * 0.95  # the baseline was set under a heavier load: let it fall
         target = settings.ttft_target_ms / 1000
-        gradient = max(MIN_GRADIENT, min(1.0, TOLERANCE * long / short))
+        gradient = max(MIN_GRADIENT, min(1.0, (TOLERANCE * long + SLACK_S) / short))
         if short > target:
             gradient = min(gradient, max(MIN_GRADIENT, target / short))
         if gradient >= 1.0 and in_flight < self.limit / 2:

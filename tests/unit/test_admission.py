@@ -98,3 +98,10 @@ async def test_the_gate_never_admits_more_than_the_backends_batch_slots() -> Non
         await gate.acquire("a", "interactive", 0.01)
     permits[0].release()
     assert gate.has_room()
+
+
+def test_millisecond_jitter_on_a_fast_backend_does_not_throttle_it() -> None:
+    limit = GradientLimit(SETTINGS.initial_limit)
+    for i in range(300):  # 12 ms TTFT, now and then 150 ms for a few requests; 3 in flight
+        limit.on_sample(0.15 if i % 40 < 8 else 0.012, in_flight=3, settings=SETTINGS)
+    assert limit.limit >= SETTINGS.initial_limit
