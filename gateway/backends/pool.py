@@ -29,9 +29,10 @@ class ReplicaPool:
     def state(self, replica: Replica, tier: Tier | None = None) -> ReplicaStats:
         state = self._states.get(replica.name)
         if state is None:
-            hint = tier.prefill_tokens_per_s if tier is not None else None
-            slots = tier.slots_per_replica if tier is not None else None
-            state = self._states[replica.name] = ReplicaStats(prefill_tps=hint or DEFAULT_PREFILL_TPS, slots=slots)
+            state = self._states[replica.name] = ReplicaStats()
+        if tier is not None:  # the tier's settings, also after a reload changed them
+            state.prefill_tps = tier.prefill_tokens_per_s or DEFAULT_PREFILL_TPS
+            state.slots = tier.slots_per_replica
         return state
 
     def states(self) -> dict[str, ReplicaStats]:

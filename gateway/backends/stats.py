@@ -7,9 +7,10 @@
 per prefill token) are fitted online to this replica's observed TTFTs by least squares with
 exponential forgetting; until the prompts seen vary enough in length, `b` is the tier's
 `prefill_tokens_per_s` hint. The last term is the backend's own queue (Little's law: `ahead`
-requests before it, a slot freeing every E2E / slots seconds): `waiting` from its /metrics, or,
-sooner, this gateway's own requests beyond the replica's batch slots (`running` when its
-/metrics last showed a queue). A replica
+requests before it, a slot freeing every E2E / slots seconds): `waiting` from its /metrics when two
+scrapes in a row show one (a continuous batcher shows a request or two waiting for the next step
+now and then: not a queue), or, sooner, this gateway's own requests beyond the replica's batch
+slots (the tier's `slots_per_replica`, vLLM's --max-num-seqs). A replica
 not tried yet borrows its tier's mean overhead, else it would never be tried. Streaming traffic is
 ranked on TTFT itself, never on TTFT divided by output tokens.
 """
@@ -45,6 +46,7 @@ class BackendLoad:
     waiting: float = 0.0
     kv_usage: float = 0.0
     at: float = 0.0
+    streak: int = 0  # scrapes in a row, this one included, that showed requests waiting
 
     def fresh(self, now: float) -> bool:
         return self.at > 0 and now - self.at < SCRAPE_STALE_S
@@ -91,7 +93,7 @@ class ReplicaStats:
     failures: int = 0  # failed attempts since start
     error_rate: float = 0.0  # EWMA of 1 per failed attempt, 0 per good one
     healthy: bool = True  # the last active health check passed
-    slots: int | None = None  # requests the backend runs at once, learned from its /metrics
+    slots: int | None = None  # requests the backend runs at once (the tier's slots_per_replica)
     load: BackendLoad = field(default_factory=BackendLoad)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
@@ -109,7 +111,7 @@ class ReplicaStats:
         gateway alone has sent beyond its batch slots, whichever is longer."""
         load, e2e = self.load, self.e2e_s or 1.0
         reported = 0.0
-        if load.waiting > 0 and load.fresh(time.monotonic() if now is None else now):
+        if load.waiting > 0 and load.streak >= 2 and load.fresh(time.monotonic() if now is None else now):
             reported = load.waiting * e2e / max(1.0, load.running)
         own = 0.0
         if self.slots is not None and self.in_flight >= self.slots:
@@ -117,13 +119,9 @@ class ReplicaStats:
         return max(reported, own)
 
     def observe_load(self, load: BackendLoad) -> None:
-        """A scrape of the backend's /metrics: a queue beside running requests shows its batch slots."""
+        """A scrape of the backend's /metrics; counts the scrapes in a row that showed a queue."""
+        load.streak = self.load.streak + 1 if load.waiting > 0 else 0
         self.load = load
-        running = round(load.running)
-        if load.waiting > 0 and running > 0:
-            self.slots = running
-        elif self.slots is not None and running > self.slots:
-            self.slots = running
 
     def predict_ttft(self, tokens: int, cached_tokens: int = 0, prior_overhead_s: float | None = None) -> float:
         slope = self.fit.slope(1 / self.prefill_tps)

@@ -140,8 +140,8 @@ class Tier(Frozen):
         default=None, gt=0, description="first guess of one replica's prefill speed (learned from traffic after)"
     )
     slots_per_replica: int | None = Field(
-        default=None, ge=1, description="requests one replica runs at once (vLLM --max-num-seqs); else learned "
-        "from its /metrics"
+        default=None, ge=1, description="requests one replica runs at once (vLLM --max-num-seqs): admission "
+        "never admits more than the tier's replicas can run, and a full replica predicts a queue"
     )
     brownout_to: str | None = Field(
         default=None, description="a faster tier that takes this tier's 'auto' traffic when it is saturated"

@@ -35,8 +35,8 @@ def test_a_waiting_queue_inside_the_backend_raises_its_prediction() -> None:
     t = CONFIG.tiers["t"]
     a = t.replicas[0]
     idle = pool.predict(t, a, 100)
-    pool.state(a).load.waiting, pool.state(a).load.running = 8, 4
-    pool.state(a).load.at = time.monotonic()
+    for _ in range(2):  # a queue that lasts
+        pool.state(a).observe_load(BackendLoad(running=4, waiting=8, at=time.monotonic()))
     assert pool.predict(t, a, 100) > idle + 1.0  # 8 waiting x ~1 s each / 4 running
     assert pool.rank(t, 100, STRICT)[-1] == a
 
@@ -91,22 +91,31 @@ def test_round_robin_rotates_whatever_the_load() -> None:
     assert firsts == ["r-0", "r-1", "r-2", "r-3"] * 2
 
 
-def test_requests_beyond_the_batch_slots_seen_on_metrics_predict_a_queue() -> None:
+def test_requests_beyond_the_batch_slots_predict_a_queue() -> None:
+    four_slots = CONFIG.tiers["t"].model_copy(update={"slots_per_replica": 4})
     pool = ReplicaPool()
-    t = CONFIG.tiers["t"]
-    a = t.replicas[0]
-    state = pool.state(a)
-    state.observe_load(BackendLoad(running=4, waiting=2, at=time.monotonic()))
-    state.observe_load(BackendLoad(running=3, waiting=0, at=time.monotonic()))  # slots stay 4
-    assert state.slots == 4
+    a = four_slots.replicas[0]
+    state = pool.state(a, four_slots)
     state.e2e_s = 2.0
     leases = [Lease(pool, a, context(10)) for _ in range(3)]
-    idle = pool.predict(t, a, 10)
-    leases.append(Lease(pool, a, context(10)))  # the 4th fills the slots: a 5th would wait
     for lease in leases:
         lease.first_byte()
-    assert idle < 0.1 and pool.predict(t, a, 10) >= 0.5  # one slot frees every 2 s / 4
-    assert pool.rank(t, 10, STRICT)[-1] == a
+    idle = pool.predict(four_slots, a, 10)
+    Lease(pool, a, context(10)).first_byte()  # the 4th fills the slots: a 5th would wait
+    assert idle < 0.1 and pool.predict(four_slots, a, 10) >= 0.5  # one slot frees every 2 s / 4
+    assert pool.rank(four_slots, 10, STRICT)[-1] == a
+    assert pool.capacity(four_slots) == 12
+
+
+def test_only_a_queue_seen_twice_in_a_row_on_metrics_counts() -> None:
+    state = ReplicaPool().state(CONFIG.tiers["t"].replicas[0])
+    state.e2e_s = 2.0
+    state.observe_load(BackendLoad(running=3, waiting=1, at=time.monotonic()))
+    assert state.queue_s() == 0.0  # one request waiting for the next step: not a queue
+    state.observe_load(BackendLoad(running=3, waiting=2, at=time.monotonic()))
+    assert abs(state.queue_s() - 2 * 2.0 / 3) < 1e-9
+    state.observe_load(BackendLoad(running=3, waiting=0, at=time.monotonic()))
+    assert state.queue_s() == 0.0
 
 
 def test_a_ttft_seen_behind_a_queue_does_not_teach_the_overhead() -> None:
@@ -120,6 +129,4 @@ def test_the_tier_capacity_is_known_once_every_replica_has_slots() -> None:
     pool = ReplicaPool()
     t = CONFIG.tiers["t"]
     assert pool.capacity(t) is None
-    for replica in t.replicas:
-        pool.state(replica, t).slots = 8
-    assert pool.capacity(t) == 24
+    assert pool.capacity(t.model_copy(update={"slots_per_replica": 8})) == 24
