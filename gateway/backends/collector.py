@@ -20,6 +20,10 @@ GAUGES: tuple[tuple[str, str, Callable[[ReplicaStats], float]], ...] = (
      lambda s: s.predict_ttft(0)),
     ("gateway_replica_healthy", "Last active health check passed (1)", lambda s: 1.0 if s.healthy else 0.0),
     ("gateway_replica_circuit_state", "0 closed, 1 open, 2 half-open", lambda s: STATE_CODES[s.breaker.state]),
+    ("gateway_replica_error_rate", "EWMA of failed attempts (1 per failure, 0 per success)",
+     lambda s: s.error_rate),
+    ("gateway_replica_backend_running", "Requests running inside the backend (its /metrics)",
+     lambda s: s.load.running),
     ("gateway_replica_backend_waiting", "Requests waiting inside the backend (its /metrics)",
      lambda s: s.load.waiting),
 )

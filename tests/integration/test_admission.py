@@ -1,6 +1,7 @@
 """Admission control and replica health end to end: a real gateway in front of emulators."""
 
 import asyncio
+import dataclasses
 import hashlib
 import re
 
@@ -168,10 +169,11 @@ async def test_health_checks_and_the_backends_metrics_feed_the_ranking(
         status, headers, _ = await ask(url)
     assert status == 200 and headers["x-gateway-backend"] == "t-1"
     assert next(e for e in logs if e["event"] == "request")["attempts"] == 1  # the dead one was not tried
-    live.engine.faults.config = FaultConfig(stall_s=1.0)
-    held = [asyncio.create_task(ask(url)) for _ in range(3)]
-    await asyncio.sleep(0.3)
-    assert await gauge(url, "gateway_replica_backend_waiting", 'backend="t-1"') == 0  # scraped: running, not waiting
+    live.engine.profile = dataclasses.replace(live.engine.profile, tpot_1_s=0.05)  # 100 tokens: 5 s
+    held = [asyncio.create_task(ask(url, {**CHAT, "max_tokens": 100, "ignore_eos": True})) for _ in range(3)]
+    await asyncio.sleep(0.4)
+    assert await gauge(url, "gateway_replica_backend_running", 'backend="t-1"') == 3  # read from its /metrics
+    assert await gauge(url, "gateway_replica_backend_waiting", 'backend="t-1"') == 0
     for task in held:
         task.cancel()
     await asyncio.gather(*held, return_exceptions=True)
