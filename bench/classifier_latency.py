@@ -1,8 +1,10 @@
 """Prompt-encoder latency: p50/p99 of EncoderSession.embed (tokenize + ONNX) per variant.
 
-    .venv/bin/python bench/classifier_latency.py [--variants int8,fp16] [--threads 1] [--quick]
+    .venv/bin/python bench/classifier_latency.py [--graphs difficulty,sentence] [--variants int8,fp16]
+        [--threads 1] [--quick]
 
-Grid: batch 1, 8, 32, 64 x prompts of exactly 32, 128 and 256 tokens ([CLS] and [SEP] included),
+Graphs: `difficulty` (the classifier's 4-layer encoder: what a request waits for) and `sentence`
+(the 6-layer sentence embedding the semantic cache uses). Grid per graph and variant: batch 1, 8, 32, 64 x prompts of exactly 32, 128 and 256 tokens ([CLS] and [SEP] included),
 on `--threads` intra-op threads (default 1), providers as the gateway picks them (CUDA then CPU)
 unless --cpu. Each cell: 2 warm-up calls, then timed calls: at least --min-runs, then until --seconds or --max-runs.
 Prints a markdown table, the command, the provider actually used and the machine's load;
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.classifier.encoder import VARIANTS, EncoderSession, default_model_path, models_dir
+from gateway.classifier.encoder import GRAPHS, VARIANTS, EncoderSession, default_model_path, file_name, models_dir
 from gateway.classifier.tokenize import PromptTokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -34,6 +36,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 @dataclass(frozen=True, slots=True)
 class Cell:
+    graph: str
     variant: str
     provider: str
     batch: int
@@ -71,27 +74,28 @@ def run(args: argparse.Namespace) -> list[Cell]:
     pool = {n: prompts_of(tok, n, max(args.batches), rng) for n in args.tokens}
     providers = ["CPUExecutionProvider"] if args.cpu else None
     cells = []
-    for variant in args.variants:
-        session = EncoderSession(default_model_path(variant), providers=providers, threads=args.threads, tokenizer=tok)
+    for graph, variant in args.files:
+        path = default_model_path(variant, GRAPHS[graph])
+        session = EncoderSession(path, providers=providers, threads=args.threads, tokenizer=tok)
         for batch in args.batches:
             for n in args.tokens:
                 times = measure(session, pool[n][:batch], args.seconds, args.min_runs, args.max_runs)
                 p50, p99 = (float(x) for x in np.percentile(times, [50, 99]))
-                cell = Cell(variant, session.provider, batch, n, len(times), p50, p99, p50 / batch)
-                print(f"  {variant} b={batch} n={n}: p50 {p50:.2f} ms p99 {p99:.2f} ms ({len(times)} runs)", file=sys.stderr)
+                cell = Cell(graph, variant, session.provider, batch, n, len(times), p50, p99, p50 / batch)
+                print(f"  {graph}.{variant} b={batch} n={n}: p50 {p50:.2f} ms p99 {p99:.2f} ms ({len(times)} runs)", file=sys.stderr)
                 cells.append(cell)
     return cells
 
 
 def table(cells: list[Cell]) -> str:
     lines = [
-        "| variant | provider | batch | tokens | p50 (ms) | p99 (ms) | p50 per prompt (ms) | runs |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| graph | variant | provider | batch | tokens | p50 (ms) | p99 (ms) | p50 per prompt (ms) | runs |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in cells:
         provider = c.provider.removesuffix("ExecutionProvider")
         lines.append(
-            f"| {c.variant} | {provider} | {c.batch} | {c.tokens} | {c.p50_ms:.2f} | {c.p99_ms:.2f} "
+            f"| {c.graph} | {c.variant} | {provider} | {c.batch} | {c.tokens} | {c.p50_ms:.2f} | {c.p99_ms:.2f} "
             f"| {c.per_prompt_p50_ms:.2f} | {c.runs} |"
         )
     return "\n".join(lines)
@@ -105,9 +109,9 @@ def machine() -> dict[str, object]:
 
 
 def main() -> int:
-    shipped = [v for v, f in VARIANTS.items() if (models_dir() / f).is_file()]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", default=",".join(shipped), help="comma list (default: the files present)")
+    parser.add_argument("--graphs", default="difficulty,sentence", help=f"comma list of {sorted(GRAPHS)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list (default: the files present)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--tokens", default="32,128,256")
@@ -117,7 +121,8 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="CPU provider only")
     parser.add_argument("--quick", action="store_true", help="batch 1 and 8 only, 1 s per cell")
     args = parser.parse_args()
-    args.variants = [v for v in args.variants.split(",") if v]
+    wanted = [(g, v) for g in args.graphs.split(",") if g for v in args.variants.split(",") if v]
+    args.files = [(g, v) for g, v in wanted if (models_dir() / file_name(v, GRAPHS[g])).is_file()]
     args.batches = [int(b) for b in ("1,8" if args.quick else args.batches).split(",")]
     args.tokens = [int(n) for n in args.tokens.split(",")]
     args.seconds = 1.0 if args.quick else args.seconds

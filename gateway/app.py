@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +39,9 @@ from gateway.stages.proxy import ProxyStage
 from gateway.stages.route import RouteStage
 from gateway.tokens import TokenCounters
 from gateway.types import DifficultyScorer, Stage
+
+if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded
+    from gateway.classifier.embedder import CachedEmbedder
 
 BODY_CEILING = 64 * 1024 * 1024  # hard cap; the policy's max_body_bytes is the real limit
 
@@ -86,12 +90,14 @@ def create_app(
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
             responses, affinity, semantic, writes = None, None, None, BackgroundWrites()
+            sentences: CachedEmbedder | None = None
             if redis_url:
                 timeout_s = config.routes.redis.op_timeout_ms / 1000
                 gateway.redis = RedisGuard(connect(redis_url), op_timeout_s=timeout_s, registry=metrics.registry)
                 responses = gateway.responses = ResponseCache(gateway.redis, writes)
                 affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
-                semantic = _share_embeddings(scorer, gateway.redis, responses, writes)
+                if (shared := _share_embeddings(scorer, gateway.redis, responses, writes)) is not None:
+                    semantic, sentences = shared
             stages: list[Stage] = [
                 ParseStage(), PolicyStage(Limiter(gateway.redis, writes)), ClassifyStage(scorer),
                 RouteStage(gateway.pool), CacheStage(responses, semantic),
@@ -114,6 +120,8 @@ def create_app(
                 if watcher is not None:
                     await watcher
                 await writes.drain()
+                if sentences is not None:
+                    await sentences.aclose()
                 if gateway.redis is not None:
                     await gateway.redis.client.aclose()
 
@@ -124,12 +132,16 @@ def create_app(
 
 
 def _share_embeddings(scorer: DifficultyScorer | None, guard: RedisGuard, responses: ResponseCache,
-                      writes: BackgroundWrites) -> SemanticCache | None:
-    """With the trained classifier: its embeddings go to Redis (shared by gateway replicas) and feed
-    the semantic cache. Without it there is no encoder, so no semantic cache."""
-    from gateway.classifier.difficulty import DifficultyClassifier
+                      writes: BackgroundWrites) -> tuple[SemanticCache, CachedEmbedder] | None:
+    """With the trained classifier: its features go to Redis (shared by gateway replicas), and the
+    semantic cache gets the sentence encoder (opened when a policy first uses it), on the same provider.
+    Without the classifier there is no semantic cache."""
+    from gateway.classifier.difficulty import DifficultyClassifier, sentence_embedder
 
     if not isinstance(scorer, DifficultyClassifier):
         return None
-    scorer.store = EmbeddingStore(guard)
-    return SemanticCache(SemanticIndex(guard, op_timeout_s=0.02), scorer.embedding, responses, writes)
+    store = EmbeddingStore(guard)
+    scorer.embedder.store = store
+    providers = [scorer.provider, "CPUExecutionProvider"] if scorer.provider != "CPUExecutionProvider" else [scorer.provider]
+    sentences = sentence_embedder(providers, store=store)
+    return SemanticCache(SemanticIndex(guard, op_timeout_s=0.02), sentences.embedding, responses, writes), sentences

@@ -1,55 +1,45 @@
-"""The serving difficulty scorer: prompt -> embedding (LRU, shared store, encoder) -> ONNX head.
+"""The serving difficulty scorer: prompt -> features (CachedEmbedder) -> ONNX head.
 
     clf = load_classifier(Path("models/difficulty"), store=embedding_store)
-    difficulty = await clf.score(prompt)      # in [0, 1]; clf.embedding(prompt) for reuse
+    difficulty = await clf.score(prompt)      # in [0, 1]
 
-The embedding comes from the in-process LRU, else the optional shared store (the Redis
-EmbeddingStore: any object with async get_many / put_many), else the micro-batched encoder, whose
-result is written back to the store in the background. A store that fails or answers None is a
-miss, never an error. The head runs inline: one tiny ONNX call of a few microseconds.
-`load_classifier` reads head.onnx + metrics.json and refuses an encoder file whose SHA-256
-differs from the one the head was trained or evaluated with.
+The features come from the head's encoder graph (metrics.json `encoder.graph`: `difficulty`, the
+first 4 MiniLM layers, since v2) through a CachedEmbedder: in-process LRU, else the optional shared
+store, else the micro-batched encoder. The head runs inline: one tiny ONNX call of a few
+microseconds. `load_classifier` reads head.onnx + metrics.json and refuses an encoder file whose
+SHA-256 differs from the one the head was trained or evaluated with. `sentence_embedder` gives the
+semantic cache its own embedder on the 6-layer sentence graph, opened on first use.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-import structlog
 
 from gateway.classifier.batcher import MicroBatcher
-from gateway.classifier.embedding_cache import EmbeddingCache, cache_key
+from gateway.classifier.embedder import CachedEmbedder, LazyEncoder, SharedEmbeddings
+from gateway.classifier.embedding_cache import EmbeddingCache
 from gateway.classifier.encoder import (
-    EMBEDDING_DIM,
     GPU_VARIANT,
+    GRAPHS,
+    SENTENCE,
     EncoderSession,
+    Graph,
     default_model_path,
     default_providers,
+    preferred_variant,
 )
 from gateway.classifier.head import HeadSession
-
-log = structlog.get_logger("gateway.classifier")
-Embedding = npt.NDArray[np.float32]
 
 
 class EncoderMismatch(ValueError):
     """The encoder file on disk is not the one the head was trained or evaluated with."""
-
-
-class SharedEmbeddings(Protocol):
-    """A second-level embedding store shared by replicas (gateway.cache.embeddings.EmbeddingStore)."""
-
-    async def get_many(self, keys: Sequence[str]) -> list[Embedding | None]: ...
-
-    async def put_many(self, items: Sequence[tuple[str, Embedding]]) -> None: ...
 
 
 def file_sha256(path: Path) -> str:
@@ -64,80 +54,25 @@ class DifficultyClassifier:
     """`score(text)` in [0, 1] (the DifficultyScorer protocol); `close()` when done."""
 
     def __init__(
-        self,
-        batcher: MicroBatcher,
-        head: HeadSession,
-        *,
-        store: SharedEmbeddings | None = None,
-        cache: EmbeddingCache | None = None,
-        provider: str = "CPUExecutionProvider",
+        self, embedder: CachedEmbedder, head: HeadSession, *, provider: str = "CPUExecutionProvider",
         encoder_variant: str = "",
     ) -> None:
-        self.batcher = batcher
+        self.embedder = embedder
         self.head = head
-        self.store = store
-        self.cache = cache or EmbeddingCache()
         self.provider = provider
         self.encoder_variant = encoder_variant
-        self.store_hits = 0
-        self.encoded = 0
-        self._writes: set[asyncio.Task[None]] = set()
 
     async def score(self, text: str) -> float:
         """The prompt's difficulty for the small tier, in [0, 1]."""
-        embedding = await self.embedding(text)
+        features = await self.embedder.embedding(text)
         length = np.array([[math.log1p(len(text))]], dtype=np.float32)
-        return float(self.head.score(embedding.reshape(1, -1), length)[0])
-
-    async def embedding(self, text: str) -> Embedding:
-        """The prompt's read-only embedding (384,): LRU, then the shared store, then the encoder."""
-        key = cache_key(text)
-        if (hit := self.cache.get(key)) is not None:
-            return hit
-        if self.store is not None and (shared := await self._from_store(key)) is not None:
-            self.store_hits += 1
-            return self.cache.put(key, shared)
-        embedding = self.cache.put(key, await self.batcher.embed(text))
-        self.encoded += 1
-        if self.store is not None:
-            task = asyncio.get_running_loop().create_task(self._to_store(self.store, key, embedding))
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
-        return embedding
-
-    async def _from_store(self, key: str) -> Embedding | None:
-        assert self.store is not None
-        try:
-            (found,) = await self.store.get_many([key])
-        except Exception as err:  # the store is an accelerator: a failure is a miss
-            log.warning("embedding_store_get_failed", error=f"{type(err).__name__}: {err}")
-            return None
-        if found is None or np.shape(found) != (EMBEDDING_DIM,):
-            return None
-        return np.asarray(found, dtype=np.float32)
-
-    @staticmethod
-    async def _to_store(store: SharedEmbeddings, key: str, embedding: Embedding) -> None:
-        try:
-            await store.put_many([(key, embedding)])
-        except Exception as err:
-            log.warning("embedding_store_put_failed", error=f"{type(err).__name__}: {err}")
-
-    async def drain(self) -> None:
-        """Wait for the background writes to the shared store."""
-        while self._writes:
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
+        return float(self.head.score(features.reshape(1, -1), length)[0])
 
     def close(self) -> None:
-        """Stop the batcher and cancel pending store writes."""
-        self.batcher.close()
-        for task in list(self._writes):
-            task.cancel()
+        self.embedder.close()
 
     async def aclose(self) -> None:
-        """Finish the store writes, then close."""
-        await self.drain()
-        self.close()
+        await self.embedder.aclose()
 
 
 def read_metrics(model_dir: Path) -> dict[str, Any]:
@@ -172,6 +107,14 @@ def choose_variant(metrics: dict[str, Any], wanted: str | None, providers: Seque
     return GPU_VARIANT if on_gpu and GPU_VARIANT in known else trained
 
 
+def encoder_graph(metrics: dict[str, Any]) -> Graph:
+    """The graph the head reads (metrics.json `encoder.graph`; heads from before v2 read `sentence`)."""
+    name = str(metrics["encoder"].get("graph", SENTENCE.name))
+    if name not in GRAPHS:
+        raise EncoderMismatch(f"metrics.json names encoder graph {name!r}; this gateway knows {sorted(GRAPHS)}")
+    return GRAPHS[name]
+
+
 def open_parts(
     model_dir: Path, *, encoder_variant: str | None = None, providers: Sequence[str] | None = None, threads: int = 1
 ) -> tuple[EncoderSession, HeadSession, str]:
@@ -180,7 +123,7 @@ def open_parts(
     chosen = list(providers) if providers is not None else default_providers()
     variant = choose_variant(metrics, encoder_variant, chosen)
     known = _known_encoders(metrics)
-    path = default_model_path(variant)
+    path = default_model_path(variant, encoder_graph(metrics))
     expected, actual = str(known[variant]["sha256"]), file_sha256(path)
     if actual != expected:
         raise EncoderMismatch(
@@ -190,6 +133,11 @@ def open_parts(
         )
     encoder = EncoderSession(path, providers=chosen, threads=threads)
     return encoder, HeadSession(model_dir / "head.onnx"), variant
+
+
+def namespace_of(path: Path) -> str:
+    """The shared-store namespace of an encoder file: its name and the start of its SHA-256."""
+    return f"{path.stem}.{file_sha256(path)[:12]}"
 
 
 def load_classifier(
@@ -205,8 +153,23 @@ def load_classifier(
 ) -> DifficultyClassifier:
     """A ready DifficultyClassifier for the trained model in `model_dir` (blocking: call at startup)."""
     encoder, head, variant = open_parts(model_dir, encoder_variant=encoder_variant, providers=providers, threads=threads)
-    batcher = MicroBatcher(encoder, window_s=window_s, max_batch=max_batch)
-    return DifficultyClassifier(
-        batcher, head, store=store, cache=EmbeddingCache(cache_entries), provider=encoder.provider,
-        encoder_variant=variant,
+    embedder = CachedEmbedder(
+        MicroBatcher(encoder, window_s=window_s, max_batch=max_batch), namespace=namespace_of(encoder.model_path),
+        store=store, cache=EmbeddingCache(cache_entries),
+    )
+    return DifficultyClassifier(embedder, head, provider=encoder.provider, encoder_variant=variant)
+
+
+def sentence_embedder(
+    providers: Sequence[str], *, store: SharedEmbeddings | None = None, threads: int = 1,
+    cache_entries: int = 4096, window_s: float = 0.002, max_batch: int = 32,
+) -> CachedEmbedder:
+    """The semantic cache's embedder: all-MiniLM-L6-v2's sentence embedding (6 layers), opened on first use."""
+    variant = preferred_variant(SENTENCE, providers)
+    path = default_model_path(variant, SENTENCE)
+    run_on = list(providers) if variant == GPU_VARIANT else ["CPUExecutionProvider"]
+    lazy = LazyEncoder(lambda: EncoderSession(path, providers=run_on, threads=threads))
+    return CachedEmbedder(
+        MicroBatcher(lazy, window_s=window_s, max_batch=max_batch), namespace=namespace_of(path),
+        store=store, cache=EmbeddingCache(cache_entries),
     )

@@ -12,6 +12,7 @@ depends on what it was batched with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -24,11 +25,35 @@ from gateway.classifier.tokenize import PromptTokenizer
 
 EMBEDDING_DIM: Final = 384
 MODEL_NAME: Final = "minilm-l6-v2"
-VARIANTS: Final[dict[str, str]] = {
-    "fp32": "model.fp32.onnx",
-    "int8": "model.int8.onnx",
-    "fp16": "model.fp16.onnx",
-}
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    """Which part of MiniLM a file runs and what it pools.
+
+    The output is the mean over the mask of each hidden state in `pooled` (0 = the word
+    embeddings, k = after transformer layer k), each L2-normalized, averaged, L2-normalized again.
+    Layers after max(pooled) are not in the graph at all: they cost nothing.
+    """
+
+    name: str
+    file_prefix: str
+    layers: int
+    pooled: tuple[int, ...]
+
+
+# The sentence embedding of all-MiniLM-L6-v2 as trained (semantic cache; the classifier up to v1).
+SENTENCE: Final = Graph("sentence", "model", 6, (6,))
+# The difficulty classifier's features: layers 3 and 4 predict the label better than layer 6 on
+# validation folds, and a graph without layers 5-6 costs two thirds (models/difficulty/MODEL_CARD.md).
+DIFFICULTY: Final = Graph("difficulty", "difficulty", 4, (3, 4))
+GRAPHS: Final[dict[str, Graph]] = {g.name: g for g in (SENTENCE, DIFFICULTY)}
+VARIANTS: Final = ("fp32", "int8", "fp16")
+
+
+def file_name(variant: str, graph: Graph = SENTENCE) -> str:
+    """`<prefix>.<variant>.onnx`, e.g. model.int8.onnx or difficulty.int8.onnx."""
+    return f"{graph.file_prefix}.{variant}.onnx"
 CPU_VARIANT: Final = "int8"
 GPU_VARIANT: Final = "fp16"
 _PREFERRED_PROVIDERS: Final = ("CUDAExecutionProvider", "CPUExecutionProvider")
@@ -44,15 +69,15 @@ def models_dir() -> Path:
     return Path(gateway.__file__).resolve().parents[1] / "models" / MODEL_NAME
 
 
-def default_model_path(variant: str = CPU_VARIANT) -> Path:
-    """The shipped ONNX file of `variant` (one of VARIANTS)."""
+def default_model_path(variant: str = CPU_VARIANT, graph: Graph = SENTENCE) -> Path:
+    """The shipped ONNX file of `variant` (one of VARIANTS) of `graph`."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown encoder variant {variant!r}; expected one of {sorted(VARIANTS)}")
-    path = models_dir() / VARIANTS[variant]
+    path = models_dir() / file_name(variant, graph)
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} is missing: regenerate it with "
-            f"`python -m gateway.classifier.export --out models/{MODEL_NAME} --variants {variant}`"
+            f"{path} is missing: regenerate it with `python -m gateway.classifier.export "
+            f"--out models/{MODEL_NAME} --graph {graph.name} --variants {variant}`"
         )
     return path
 
@@ -112,12 +137,20 @@ class EncoderSession:
         return np.ascontiguousarray(out, dtype=np.float32)
 
 
-def open_encoder(*, providers: Sequence[str] | None = None, threads: int = 1) -> EncoderSession:
+def preferred_variant(graph: Graph, providers: Sequence[str]) -> str:
+    """GPU_VARIANT when CUDA comes first and its file is shipped, else CPU_VARIANT."""
+    on_gpu = bool(providers) and providers[0] == "CUDAExecutionProvider"
+    return GPU_VARIANT if on_gpu and (models_dir() / file_name(GPU_VARIANT, graph)).is_file() else CPU_VARIANT
+
+
+def open_encoder(
+    graph: Graph = SENTENCE, *, providers: Sequence[str] | None = None, threads: int = 1
+) -> EncoderSession:
     """The shipped variant for the provider that actually runs: GPU_VARIANT on CUDA, else CPU_VARIANT."""
     chosen = list(providers) if providers is not None else default_providers()
-    if chosen and chosen[0] == "CUDAExecutionProvider" and (models_dir() / VARIANTS[GPU_VARIANT]).is_file():
-        session = EncoderSession(default_model_path(GPU_VARIANT), providers=chosen, threads=threads)
+    if preferred_variant(graph, chosen) == GPU_VARIANT:
+        session = EncoderSession(default_model_path(GPU_VARIANT, graph), providers=chosen, threads=threads)
         if session.provider == "CUDAExecutionProvider":
             return session
     cpu_only = [p for p in chosen if p != "CUDAExecutionProvider"] or ["CPUExecutionProvider"]
-    return EncoderSession(default_model_path(CPU_VARIANT), providers=cpu_only, threads=threads)
+    return EncoderSession(default_model_path(CPU_VARIANT, graph), providers=cpu_only, threads=threads)

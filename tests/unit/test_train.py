@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.classifier.encoder import EncoderSession, default_model_path
+from gateway.classifier.encoder import DIFFICULTY, EncoderSession, default_model_path
 from gateway.classifier.head import HeadSession, log_chars
 from gateway.classifier.train import L2_GRID, hash_split, load_labeled, platt, row_label, run_train
 
@@ -99,14 +99,15 @@ def test_training_on_separable_prompts_reaches_high_auc_and_writes_all_artifacts
     session = HeadSession(m1 / "head.onnx")
     assert session.metadata["encoder_sha256"] == metrics["encoder"]["sha256"]
     texts = ["hey there Bo", "Implement a lock-free queue in Rust. Include unit tests and explain complexity."]
-    easy, hard = session.score(EncoderSession(default_model_path("int8")).embed(texts), log_chars(texts))
+    assert metrics["encoder"]["graph"] == "difficulty" and metrics["encoder"]["file"] == "difficulty.int8.onnx"
+    easy, hard = session.score(EncoderSession(default_model_path("int8", DIFFICULTY)).embed(texts), log_chars(texts))
     assert easy < 0.5 < hard
     assert run_train([*args, "--out", str(tmp_path / "m2")]) == 0  # same seed -> same head, byte for byte
     assert (tmp_path / "m2" / "head.onnx").read_bytes() == (m1 / "head.onnx").read_bytes()
     encoders = tmp_path / "encoders"  # the int8 file under both names: "fp32" must come out compatible
     encoders.mkdir()
-    for name in ("model.int8.onnx", "model.fp32.onnx"):
-        (encoders / name).symlink_to(default_model_path("int8"))
+    for name in ("difficulty.int8.onnx", "difficulty.fp32.onnx"):
+        (encoders / name).symlink_to(default_model_path("int8", DIFFICULTY))
     more = ["--calibration", "none", "--eval-variants", "fp32", "--encoder-dir", str(encoders)]
     assert run_train([*args, "--out", str(tmp_path / "m3"), *more]) == 0
     raw = json.loads((tmp_path / "m3" / "metrics.json").read_text())

@@ -1,0 +1,132 @@
+"""Prompt embeddings for the serving path: in-process LRU, then a shared store, then the encoder.
+
+    embedder = CachedEmbedder(MicroBatcher(encoder), namespace=file_sha256(path)[:12])
+    vector = await embedder.embedding(prompt)
+
+A store (the Redis EmbeddingStore: any object with async get_many / put_many) that fails or
+answers None is a miss, never an error; vectors the encoder computes are written back to it in the
+background. Store keys are `<namespace>:<content hash>`: the namespace names the encoder file, so
+two encoders (the classifier's and the semantic cache's), or two versions of one during a rolling
+deploy, never read each other's vectors.
+
+`LazyEncoder` opens its ONNX session on the first call, in the caller's thread (the batcher's
+executor), so an encoder that a policy may never use costs nothing until it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from gateway.classifier.batcher import MicroBatcher
+from gateway.classifier.embedding_cache import EmbeddingCache, cache_key
+from gateway.classifier.encoder import EMBEDDING_DIM, EncoderSession
+
+log = structlog.get_logger("gateway.classifier")
+Embedding = npt.NDArray[np.float32]
+
+
+class SharedEmbeddings(Protocol):
+    """A second-level embedding store shared by replicas (gateway.cache.embeddings.EmbeddingStore)."""
+
+    async def get_many(self, keys: Sequence[str]) -> list[Embedding | None]: ...
+
+    async def put_many(self, items: Sequence[tuple[str, Embedding]]) -> None: ...
+
+
+class LazyEncoder:
+    """An EncoderSession opened by `open_session` on the first `embed` (thread-safe)."""
+
+    def __init__(self, open_session: Callable[[], EncoderSession]) -> None:
+        self._open = open_session
+        self._session: EncoderSession | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def session(self) -> EncoderSession | None:
+        """The session once opened, else None."""
+        return self._session
+
+    def embed(self, texts: Sequence[str]) -> Embedding:
+        if self._session is None:
+            with self._lock:
+                if self._session is None:
+                    self._session = self._open()
+        return self._session.embed(texts)
+
+
+class CachedEmbedder:
+    """`embedding(text)`: LRU, then the shared store, then the micro-batched encoder; `close()` when done."""
+
+    def __init__(
+        self,
+        batcher: MicroBatcher,
+        *,
+        namespace: str,
+        store: SharedEmbeddings | None = None,
+        cache: EmbeddingCache | None = None,
+    ) -> None:
+        self.batcher = batcher
+        self.namespace = namespace
+        self.store = store
+        self.cache = cache or EmbeddingCache()
+        self.store_hits = 0
+        self.encoded = 0
+        self._writes: set[asyncio.Task[None]] = set()
+
+    async def embedding(self, text: str) -> Embedding:
+        """The prompt's read-only embedding (384,)."""
+        key = cache_key(text)
+        if (hit := self.cache.get(key)) is not None:
+            return hit
+        shared_key = f"{self.namespace}:{key}"
+        if self.store is not None and (shared := await self._from_store(self.store, shared_key)) is not None:
+            self.store_hits += 1
+            return self.cache.put(key, shared)
+        embedding = self.cache.put(key, await self.batcher.embed(text))
+        self.encoded += 1
+        if self.store is not None:
+            task = asyncio.get_running_loop().create_task(self._to_store(self.store, shared_key, embedding))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+        return embedding
+
+    @staticmethod
+    async def _from_store(store: SharedEmbeddings, key: str) -> Embedding | None:
+        try:
+            (found,) = await store.get_many([key])
+        except Exception as err:  # the store is an accelerator: a failure is a miss
+            log.warning("embedding_store_get_failed", error=f"{type(err).__name__}: {err}")
+            return None
+        if found is None or np.shape(found) != (EMBEDDING_DIM,):
+            return None
+        return np.asarray(found, dtype=np.float32)
+
+    @staticmethod
+    async def _to_store(store: SharedEmbeddings, key: str, embedding: Embedding) -> None:
+        try:
+            await store.put_many([(key, embedding)])
+        except Exception as err:
+            log.warning("embedding_store_put_failed", error=f"{type(err).__name__}: {err}")
+
+    async def drain(self) -> None:
+        """Wait for the background writes to the shared store."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
+
+    def close(self) -> None:
+        """Stop the batcher and cancel pending store writes."""
+        self.batcher.close()
+        for task in list(self._writes):
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """Finish the store writes, then close."""
+        await self.drain()
+        self.close()
