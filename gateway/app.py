@@ -100,10 +100,8 @@ def create_app(
                     semantic, sentences = shared
             stages: list[Stage] = [
                 ParseStage(), PolicyStage(Limiter(gateway.redis, writes)), ClassifyStage(scorer),
-                RouteStage(gateway.pool), CacheStage(responses, semantic),
+                RouteStage(gateway.pool), CacheStage(responses, semantic), *([affinity] if affinity else []),
             ]
-            if affinity is not None:
-                stages.append(affinity)
             watchdog = IdleWatchdog()
             gateway.stages = (*stages, AdmissionStage(gateway.pool, metrics),
                               ProxyStage(session, gateway.pool, watchdog, metrics))
@@ -142,6 +140,5 @@ def _share_embeddings(scorer: DifficultyScorer | None, guard: RedisGuard, respon
         return None
     store = EmbeddingStore(guard)
     scorer.embedder.store = store
-    providers = [scorer.provider, "CPUExecutionProvider"] if scorer.provider != "CPUExecutionProvider" else [scorer.provider]
-    sentences = sentence_embedder(providers, store=store)
+    sentences = sentence_embedder(scorer.provider, store=store)
     return SemanticCache(SemanticIndex(guard, op_timeout_s=0.02), sentences.embedding, responses, writes), sentences

@@ -213,7 +213,7 @@ def score_prompts(model: Path, prompts: Sequence[str], variant: str | None) -> t
     from gateway.classifier.head import log_chars
     from gateway.classifier.train import embed_texts
 
-    encoder, head, chosen = open_parts(model, encoder_variant=variant)
+    encoder, head, chosen, _ = open_parts(model, encoder_variant=variant)
     emb = embed_texts(encoder, prompts, chosen)
     return head.score(emb, log_chars(prompts)).astype(np.float64), chosen
 

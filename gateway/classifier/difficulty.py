@@ -117,8 +117,8 @@ def encoder_graph(metrics: dict[str, Any]) -> Graph:
 
 def open_parts(
     model_dir: Path, *, encoder_variant: str | None = None, providers: Sequence[str] | None = None, threads: int = 1
-) -> tuple[EncoderSession, HeadSession, str]:
-    """The checked encoder session, the head session and the encoder variant chosen."""
+) -> tuple[EncoderSession, HeadSession, str, str]:
+    """The checked encoder session, the head session, the encoder variant chosen and its file's SHA-256."""
     metrics = read_metrics(model_dir)
     chosen = list(providers) if providers is not None else default_providers()
     variant = choose_variant(metrics, encoder_variant, chosen)
@@ -132,12 +132,12 @@ def open_parts(
             "file or retrain the head with `gateway train`"
         )
     encoder = EncoderSession(path, providers=chosen, threads=threads)
-    return encoder, HeadSession(model_dir / "head.onnx"), variant
+    return encoder, HeadSession(model_dir / "head.onnx"), variant, actual
 
 
-def namespace_of(path: Path) -> str:
+def namespace_of(path: Path, sha256: str) -> str:
     """The shared-store namespace of an encoder file: its name and the start of its SHA-256."""
-    return f"{path.stem}.{file_sha256(path)[:12]}"
+    return f"{path.stem}.{sha256[:12]}"
 
 
 def load_classifier(
@@ -152,24 +152,25 @@ def load_classifier(
     max_batch: int = 32,
 ) -> DifficultyClassifier:
     """A ready DifficultyClassifier for the trained model in `model_dir` (blocking: call at startup)."""
-    encoder, head, variant = open_parts(model_dir, encoder_variant=encoder_variant, providers=providers, threads=threads)
+    encoder, head, variant, sha = open_parts(model_dir, encoder_variant=encoder_variant, providers=providers, threads=threads)
     embedder = CachedEmbedder(
-        MicroBatcher(encoder, window_s=window_s, max_batch=max_batch), namespace=namespace_of(encoder.model_path),
+        MicroBatcher(encoder, window_s=window_s, max_batch=max_batch), namespace=namespace_of(encoder.model_path, sha),
         store=store, cache=EmbeddingCache(cache_entries),
     )
     return DifficultyClassifier(embedder, head, provider=encoder.provider, encoder_variant=variant)
 
 
 def sentence_embedder(
-    providers: Sequence[str], *, store: SharedEmbeddings | None = None, threads: int = 1,
+    provider: str, *, store: SharedEmbeddings | None = None, threads: int = 1,
     cache_entries: int = 4096, window_s: float = 0.002, max_batch: int = 32,
 ) -> CachedEmbedder:
-    """The semantic cache's embedder: all-MiniLM-L6-v2's sentence embedding (6 layers), opened on first use."""
-    variant = preferred_variant(SENTENCE, providers)
+    """The semantic cache's embedder on `provider` (the classifier's): all-MiniLM-L6-v2's sentence
+    embedding (6 layers), opened on first use."""
+    variant = preferred_variant(SENTENCE, [provider])
+    run_on = [provider, "CPUExecutionProvider"] if variant == GPU_VARIANT else ["CPUExecutionProvider"]
     path = default_model_path(variant, SENTENCE)
-    run_on = list(providers) if variant == GPU_VARIANT else ["CPUExecutionProvider"]
     lazy = LazyEncoder(lambda: EncoderSession(path, providers=run_on, threads=threads))
     return CachedEmbedder(
-        MicroBatcher(lazy, window_s=window_s, max_batch=max_batch), namespace=namespace_of(path),
+        MicroBatcher(lazy, window_s=window_s, max_batch=max_batch), namespace=namespace_of(path, file_sha256(path)),
         store=store, cache=EmbeddingCache(cache_entries),
     )

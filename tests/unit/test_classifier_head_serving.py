@@ -200,7 +200,7 @@ def test_the_lazy_encoder_opens_once_on_first_use() -> None:
 
 async def test_the_semantic_embedder_is_the_sentence_graph_in_its_own_namespace(tmp_path: Path, head_path: Path) -> None:
     store = FakeStore()
-    sentences = sentence_embedder(["CPUExecutionProvider"], store=store)
+    sentences = sentence_embedder("CPUExecutionProvider", store=store)
     write_model(tmp_path, head_path, file_sha256(default_model_path("int8", DIFFICULTY)))
     clf = load_classifier(tmp_path, providers=["CPUExecutionProvider"], store=store)
     text = "How do I sort a list in Python?"
