@@ -31,7 +31,7 @@ import numpy.typing as npt
 from gateway.classifier.calibrate import auc
 from gateway.classifier.encoder import DIFFICULTY
 from gateway.classifier.export import load_torch_encoder
-from gateway.classifier.head import log_chars, newton_logistic, standardization
+from gateway.classifier.head import fit_head, log_chars
 from gateway.classifier.labeling import rank_labels
 from gateway.classifier.tokenize import PromptTokenizer
 from gateway.classifier.train import fold_of, read_jsonl
@@ -103,17 +103,12 @@ class Study:
         fold_ids = np.array([fold_of(str(r["id"]), self.args.seed, 5) for r in self.train_rows])
         fit_ids, val_ids = np.flatnonzero(fold_ids != fold).tolist(), np.flatnonzero(fold_ids == fold).tolist()
         encoder = load_torch_encoder(DIFFICULTY)
-        x_fit = self.features(encoder, fit_ids)
-        mean, std = standardization(x_fit)
-        z = np.column_stack([(x_fit - mean) / std, np.ones(len(x_fit))])
-        penalty = np.full(z.shape[1], self.args.l2)
-        penalty[-1] = 0.0
-        theta, _ = newton_logistic(z, self.y[fit_ids], np.zeros(z.shape[1]), penalty, 50)
-        head = torch.nn.Linear(z.shape[1] - 1, 1).double()
+        frozen, _ = fit_head(self.features(encoder, fit_ids), self.y[fit_ids], self.args.l2)
+        head = torch.nn.Linear(len(frozen.weights), 1).double()  # on standardized features, as HeadParams
         with torch.no_grad():
-            head.weight[:] = torch.from_numpy(theta[:-1])
-            head.bias[:] = float(theta[-1])
-        shift, scale = torch.from_numpy(mean), torch.from_numpy(std)
+            head.weight[:] = torch.from_numpy(frozen.weights)
+            head.bias[:] = frozen.bias
+        shift, scale = torch.from_numpy(frozen.mean), torch.from_numpy(frozen.std)
 
         def val_auc() -> float:
             x = torch.from_numpy(self.features(encoder, val_ids))

@@ -1,6 +1,6 @@
 """Prompt embeddings for the serving path: in-process LRU, then a shared store, then the encoder.
 
-    embedder = CachedEmbedder(MicroBatcher(encoder), namespace=file_sha256(path)[:12])
+    embedder = CachedEmbedder(MicroBatcher(encoder), namespace=namespace_of(path, file_sha256(path)))
     vector = await embedder.embedding(prompt)
 
 A store (the Redis EmbeddingStore: any object with async get_many / put_many) that fails or

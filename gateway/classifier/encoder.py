@@ -32,7 +32,7 @@ class Graph:
     """Which part of MiniLM a file runs and what it pools.
 
     The output is the mean over the mask of each hidden state in `pooled` (0 = the word
-    embeddings, k = after transformer layer k), each L2-normalized, averaged, L2-normalized again.
+    embeddings, k = after transformer layer k), each L2-normalized, summed, L2-normalized again.
     Layers after max(pooled) are not in the graph at all: they cost nothing.
     """
 
@@ -54,6 +54,8 @@ VARIANTS: Final = ("fp32", "int8", "fp16")
 def file_name(variant: str, graph: Graph = SENTENCE) -> str:
     """`<prefix>.<variant>.onnx`, e.g. model.int8.onnx or difficulty.int8.onnx."""
     return f"{graph.file_prefix}.{variant}.onnx"
+
+
 CPU_VARIANT: Final = "int8"
 GPU_VARIANT: Final = "fp16"
 _PREFERRED_PROVIDERS: Final = ("CUDAExecutionProvider", "CPUExecutionProvider")
