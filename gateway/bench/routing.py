@@ -59,3 +59,9 @@ def cost_per_1k(prompt_tokens: npt.ArrayLike, output_tokens: npt.ArrayLike, to_s
     price_out = np.where(big, strong_prices[1], weak_prices[1])
     per_request = (p * price_in + o * price_out) / 1e6
     return float(per_request.mean() * 1000)
+
+
+def cpt(share: F64, pgr: F64, target: float) -> float:
+    """Call-performance threshold (RouteLLM): the smallest strong share whose PGR reaches `target`."""
+    reached = np.flatnonzero(pgr >= target - 1e-12)
+    return float(share[reached[0]]) if len(reached) else 1.0

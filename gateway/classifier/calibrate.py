@@ -58,18 +58,20 @@ def spearman(a: npt.ArrayLike, b: npt.ArrayLike) -> float | None:
 
 
 def evaluate(
-    scores: F64, labels: F64, languages: Sequence[str], lengths: F64, min_rows: int = 30
+    scores: F64, labels: F64, languages: Sequence[str], lengths: F64, min_rows: int = 30, hard_at: float = 0.5
 ) -> dict[str, Any]:
-    """Held-out metrics (AUC vs hard = label >= 0.5, Brier, ...) and per-language AUC (>= min_rows rows)."""
-    hard = labels >= 0.5
+    """Held-out metrics (AUC vs hard = label >= hard_at, Brier, ...) and per-language AUC (>= min_rows rows)."""
+    hard = labels >= hard_at
+    cuts = sorted({0.3, 0.5, 0.7, hard_at} if hard_at == 0.5 else {0.5, hard_at, 1.0})
     heldout = {
         "n": len(scores),
+        "hard_at": hard_at,
         "hard_share": round(float(hard.mean()), 4),
         "auc": auc(scores, hard),
         "brier": round(float(np.mean((scores - hard) ** 2)), 4),
         "label_mse": round(float(np.mean((scores - labels) ** 2)), 4),
         "spearman": spearman(scores, labels),
-        "auc_by_cut": {f"{c:.1f}": auc(scores, labels >= c) for c in (0.3, 0.5, 0.7)},
+        "auc_by_cut": {f"{c:g}": auc(scores, labels >= c) for c in cuts},
         "baseline_auc_log_chars": auc(lengths, hard),
     }
     per_language: dict[str, dict[str, Any]] = {}
@@ -81,26 +83,26 @@ def evaluate(
     return {"heldout": heldout, "per_language": per_language}
 
 
-def write_calibration_plot(path: Path, scores: F64, labels: F64, metrics: dict[str, Any]) -> None:
+def write_calibration_plot(path: Path, scores: F64, labels: F64, metrics: dict[str, Any], hard_at: float = 0.5) -> None:
     """Reliability diagram (10 equal-count bins) and score histogram by class, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hard = labels >= 0.5
+    hard = labels >= hard_at
     bins = np.array_split(np.argsort(scores, kind="mergesort"), min(10, len(scores)))
     mean_p = [float(scores[b].mean()) for b in bins]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     left.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
-    left.plot(mean_p, [float(hard[b].mean()) for b in bins], "o-", label="observed hard share (label >= 0.5)")
-    left.plot(mean_p, [float(labels[b].mean()) for b in bins], "s--", label="mean label (NLL percentile)")
+    left.plot(mean_p, [float(hard[b].mean()) for b in bins], "o-", label=f"observed hard share (label >= {hard_at:g})")
+    left.plot(mean_p, [float(labels[b].mean()) for b in bins], "s--", label="mean label")
     left.set(xlabel="mean predicted difficulty (bin)", ylabel="observed", xlim=(0, 1), ylim=(0, 1),
              title=f"reliability, held-out n={len(scores)}, 10 equal-count bins")
     left.legend(loc="upper left", fontsize=8)
     edges = np.linspace(0, 1, 41)
-    right.hist(scores[~hard], bins=edges, alpha=0.6, label="easy (label < 0.5)")
-    right.hist(scores[hard], bins=edges, alpha=0.6, label="hard (label >= 0.5)")
+    right.hist(scores[~hard], bins=edges, alpha=0.6, label=f"easy (label < {hard_at:g})")
+    right.hist(scores[hard], bins=edges, alpha=0.6, label=f"hard (label >= {hard_at:g})")
     h = metrics.get("heldout", {})
     right.set(xlabel="difficulty score", ylabel="prompts",
               title=f"held-out scores: AUC {h.get('auc')}, Brier {h.get('brier')}")

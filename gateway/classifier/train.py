@@ -7,8 +7,9 @@ Rows: `prompt` plus `label` in [0, 1], or RouteLLM's `winner` (strong -> 1, weak
 an unfinalized labeling file (`nll` only) gets rank labels as `labeling --finalize` would give.
 `split` (train | heldout) is used when present, else a hash of `id` (or of the prompt) decides.
 L2 is picked on hash-sliced validation folds of train (mean AUC, ties by cross-entropy), refit on
-all of train and Platt-scaled on its out-of-fold scores, so the score estimates P(label >= 0.5)
-(a monotone map: the ranking and AUC are those of the soft-target fit). `--eval-variants` scores
+all of train and Platt-scaled on its out-of-fold scores, so the score estimates P(label >= hard_at)
+(a monotone map: the ranking and AUC are those of the soft-target fit); `--hard-at` moves that cut
+(0.75 for rubric levels: hard = level >= 4). `--eval-variants` scores
 the held-out set with other encoder variants; one within 0.01 AUC is recorded as compatible
 (`load_classifier` serves only compatible variants, e.g. fp16 on CUDA).
 Writes head.onnx, metrics.json, thresholds.json and calibration.png; train-time only.
@@ -203,12 +204,13 @@ def out_of_fold(x: F64, y: F64, fold: npt.NDArray[np.int64], l2: float, standard
 
 
 def select_l2(
-    x: F64, y: F64, fold: npt.NDArray[np.int64], grid: Sequence[float], standardize: str, max_iter: int
+    x: F64, y: F64, fold: npt.NDArray[np.int64], grid: Sequence[float], standardize: str, max_iter: int,
+    hard_at: float = 0.5,
 ) -> tuple[float, F64, list[dict[str, float | None]]]:
     """The L2 of `grid` to use, its out-of-fold scores, and the search table.
 
-    Each L2 gets the mean AUC over the validation folds (per fold: each fold's model has its own
-    offset) and the out-of-fold cross-entropy against the soft labels. Among the L2s within
+    Each L2 gets the mean AUC (hard = label >= hard_at) over the validation folds (per fold: each
+    fold's model has its own offset) and the out-of-fold cross-entropy against the soft labels. Among the L2s within
     AUC_TOLERANCE of the best AUC (noise at this size), the lowest cross-entropy wins.
     """
     table: list[dict[str, float | None]] = []
@@ -217,7 +219,7 @@ def select_l2(
         oof = out_of_fold(x, y, fold, l2, standardize, max_iter)
         p = np.clip(oof, 1e-7, 1 - 1e-7)
         bce = float(np.mean(-(y * np.log(p) + (1 - y) * np.log(1 - p))))
-        per_fold = [auc(oof[fold == f], y[fold == f] >= 0.5) for f in np.unique(fold)]
+        per_fold = [auc(oof[fold == f], y[fold == f] >= hard_at) for f in np.unique(fold)]
         known = [a for a in per_fold if a is not None]
         val_auc = round(float(np.mean(known)), 4) if known else None
         table.append({"l2": l2, "val_auc": val_auc, "val_bce": round(bce, 5)})
@@ -250,7 +252,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--standardize", choices=("all", "length"), default="all", help="features to standardize")
     p.add_argument("--val-folds", type=int, default=5, help="validation slices of train for picking L2")
     p.add_argument("--calibration", choices=("platt", "none"), default="platt",
-                   help="platt: rescale the score to P(label >= 0.5) on out-of-fold scores (ranking unchanged)")
+                   help="platt: rescale the score to P(label >= --hard-at) on out-of-fold scores (ranking unchanged)")
+    p.add_argument("--hard-at", type=float, default=0.5,
+                   help="hard = label >= this, for AUC and Platt scaling (rubric levels: 0.75 = level >= 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the validation slices")
     p.add_argument("--threads", type=int, default=2, help="encoder threads")
     p.add_argument("--embed-cache", type=Path, default=None, help="folder caching embeddings between runs")
@@ -284,11 +288,11 @@ def fit(x: F64, y: F64, keys: Sequence[str], args: argparse.Namespace) -> Fitted
         raise ValueError(f"--val-folds must be >= 2, got {args.val_folds}")
     fold = np.array([fold_of(k, args.seed, args.val_folds) for k in keys])
     grid = [args.l2] if args.l2 is not None else L2_GRID
-    l2, oof, search = select_l2(x, y, fold, grid, args.standardize, args.epochs)
+    l2, oof, search = select_l2(x, y, fold, grid, args.standardize, args.epochs, args.hard_at)
     head, iterations = fit_head(x, y, l2, standardize=args.standardize, max_iter=args.epochs)
     if args.calibration == "none":
         return Fitted(head, l2, iterations, search, None)
-    a, c = platt(oof, y >= 0.5)  # monotone: the ranking (AUC) is unchanged
+    a, c = platt(oof, y >= args.hard_at)  # monotone: the ranking (AUC) is unchanged
     return Fitted(HeadParams(head.weights * a, head.bias * a + c, head.mean, head.std), l2, iterations, search, (a, c))
 
 
@@ -309,7 +313,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     embed_s = time.perf_counter() - started
     fitted = fit(x[tr], y[tr], [r.key for r in rows if r.split == "train"], args)
     scores = fitted.head.predict(x[~tr])
-    quality = evaluate(scores, y[~tr], [r.language for r in held], x[~tr, -1])
+    quality = evaluate(scores, y[~tr], [r.language for r in held], x[~tr, -1], hard_at=args.hard_at)
     encoders: dict[str, dict[str, Any]] = {args.encoder_variant: {"file": model_path.name, "sha256": sha}}
     for variant in [v for v in args.eval_variants.split(",") if v and v != args.encoder_variant]:
         encoders[variant] = evaluate_variant(encoder_path(variant, args.encoder_dir, graph), fitted.head, held, scores, args)
@@ -317,6 +321,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     metrics: dict[str, Any] = {
         "model": "difficulty-head",
         "score": "P(hard) after Platt scaling" if fitted.platt else "expected label (soft-target logistic)",
+        "hard_at": args.hard_at,
         "features": ["embedding[384]", "log_chars = log1p(len(prompt))"],
         "encoder": {
             "graph": graph.name, "layers": graph.layers, "pooled": list(graph.pooled),
@@ -335,7 +340,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         },
     }
     onnx_bytes = fitted.head.to_onnx({"encoder_graph": graph.name, "encoder_variant": args.encoder_variant, "encoder_sha256": sha})
-    write_artifacts(args.out, onnx_bytes, metrics, scores, held)
+    write_artifacts(args.out, onnx_bytes, metrics, scores, held, args.hard_at)
     return metrics
 
 
@@ -349,12 +354,14 @@ def evaluate_variant(
     scores = head.predict(features(emb, texts))
     return {
         "file": path.name, "sha256": sha,
-        "heldout_auc": auc(scores, np.array([r.label >= 0.5 for r in held])),
+        "heldout_auc": auc(scores, np.array([r.label >= args.hard_at for r in held])),
         "max_abs_score_diff": round(float(np.abs(scores - reference).max()), 5),
     }
 
 
-def write_artifacts(out: Path, onnx_bytes: bytes, metrics: dict[str, Any], scores: F64, held: Sequence[LabeledPrompt]) -> None:
+def write_artifacts(
+    out: Path, onnx_bytes: bytes, metrics: dict[str, Any], scores: F64, held: Sequence[LabeledPrompt], hard_at: float = 0.5
+) -> None:
     """head.onnx, metrics.json, thresholds.json (held-out score quantiles) and calibration.png."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "head.onnx").write_bytes(onnx_bytes)
@@ -365,7 +372,7 @@ def write_artifacts(out: Path, onnx_bytes: bytes, metrics: dict[str, Any], score
         "quantiles": {f"{q:.2f}": round(float(v), 6) for q, v in zip(qs, np.quantile(scores, qs), strict=True)},
     }
     (out / "thresholds.json").write_text(json.dumps(thresholds, indent=2) + "\n", encoding="utf-8")
-    write_calibration_plot(out / "calibration.png", scores, np.array([r.label for r in held]), metrics)
+    write_calibration_plot(out / "calibration.png", scores, np.array([r.label for r in held]), metrics, hard_at)
 
 
 def report(m: dict[str, Any]) -> str:

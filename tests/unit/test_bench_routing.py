@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.bench.routing import apgr, cost_per_1k, pgr_at, pgr_curve, random_apgr
+from gateway.bench.routing import apgr, cost_per_1k, cpt, pgr_at, pgr_curve, random_apgr
 
 
 def test_curve_by_hand() -> None:
@@ -39,3 +39,11 @@ def test_threshold_point_and_cost() -> None:
     # 1000 requests of (1e6 in, 0 out) tokens at $1 weak / $3 strong per Mtok input, half to strong
     assert cost_per_1k([1e6, 1e6], [0, 0], [False, True], (1.0, 0.0), (3.0, 0.0)) == pytest.approx(2000.0)
     assert cost_per_1k([100], [200], [True], (0.0, 0.0), (0.5, 2.0)) == pytest.approx(0.45)
+
+
+def test_call_performance_threshold_by_hand() -> None:
+    share, pgr = pgr_curve([0.5, 0.9, 0.1], weak=[0.4, 0.7, 0.9], strong=[1.0, 1.0, 1.0])  # PGR 0, .3, .9, 1
+    assert cpt(share, pgr, 0.5) == pytest.approx(2 / 3)
+    assert cpt(share, pgr, 0.3) == pytest.approx(1 / 3)
+    assert cpt(share, pgr, 0.95) == pytest.approx(1.0)
+    assert cpt(share, pgr, 0.0) == 0.0
