@@ -1,10 +1,11 @@
 """Which MiniLM layers predict the difficulty label: validation-fold and held-out AUC per feature set.
 
-    .venv/bin/python bench/difficulty_layers.py [--rows 2500] [--seeds 0,1,2]
+    .venv/bin/python bench/difficulty_layers.py [--labels FILE] [--rows N] [--seeds 0,1,2] [--source sharegpt]
 
-The first `--rows` rows of models/difficulty/labels/sharegpt-nll.jsonl (a seeded sample, so any
-prefix is the sample a smaller labeling run would have made), labels re-ranked within them as
-`labeling --finalize` would; splits as in the file. Hidden states of every layer from torch
+The first `--rows` rows of `--labels` (default models/difficulty/labels/rubric.jsonl; rows of one
+`source` with `--source`). Rubric rows (with `level`) use their label and hard = level >= 4; NLL
+rows (sharegpt-nll.jsonl, the v1/v2 study) are re-ranked within the rows as `labeling --finalize`
+would, hard = label >= 0.5. Splits as in the file. Hidden states of every layer from torch
 (float32, 1 thread, the serving tokenizer's 256-token head + tail), mean-pooled over the mask and
 L2-normalized; a feature set sums its layers' vectors and normalizes again (encoder.Graph).
 Each set gets the shipped head's procedure (`gateway train`: L2 picked on hash-sliced validation
@@ -24,10 +25,11 @@ import numpy.typing as npt
 
 from gateway.classifier.calibrate import auc
 from gateway.classifier.labeling import rank_labels
+from gateway.classifier.rubric import HARD_LABEL
 from gateway.classifier.tokenize import PromptTokenizer
-from gateway.classifier.train import features, fit, read_jsonl
+from gateway.classifier.train import features, fit, fit_target, read_jsonl
 
-LABELS = Path(__file__).resolve().parents[1] / "models" / "difficulty" / "labels" / "sharegpt-nll.jsonl"
+LABELS = Path(__file__).resolve().parents[1] / "models" / "difficulty" / "labels" / "rubric.jsonl"
 SETS: dict[str, tuple[int, ...]] = {
     **{f"layer {k}": (k,) for k in range(7)},
     "layers 3+4": (3, 4),
@@ -62,15 +64,28 @@ def pooled_layers(prompts: list[str]) -> F32:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=2500, help="first N labeled rows (2500 = the v1 set)")
+    parser.add_argument("--labels", type=Path, default=LABELS, help="labeled JSONL (rubric or NLL rows)")
+    parser.add_argument("--rows", type=int, default=None, help="first N labeled rows (default: all)")
+    parser.add_argument("--source", default=None, help="only rows of this `source` (sharegpt | written)")
     parser.add_argument("--seeds", default="0,1,2", help="validation-fold seeds to average over")
+    parser.add_argument("--target", choices=("label", "hard"), default=None,
+                        help="as `gateway train --target` (default: hard for rubric rows, label for NLL rows)")
+    parser.add_argument("--cache", type=Path, default=None, help=".npy file caching the pooled hidden states")
     args = parser.parse_args()
-    rows = read_jsonl(LABELS)[: args.rows]
+    rows = [r for r in read_jsonl(args.labels) if args.source in (None, r.get("source"))][: args.rows]
     prompts = [str(r["prompt"]) for r in rows]
-    y = np.array(rank_labels([float(r["nll"]) for r in rows]))
+    rubric = all("level" in r for r in rows)
+    y = np.array([float(r["label"]) for r in rows] if rubric else rank_labels([float(r["nll"]) for r in rows]))
+    hard_at = HARD_LABEL if rubric else 0.5
+    target = args.target or ("hard" if rubric else "label")
     train = np.array([r["split"] == "train" for r in rows])
     keys = [str(r["id"]) for r in rows if r["split"] == "train"]
-    layers = pooled_layers(prompts)
+    if args.cache is not None and args.cache.is_file():
+        layers = np.load(args.cache)
+    else:
+        layers = pooled_layers(prompts)
+        if args.cache is not None:
+            np.save(args.cache, layers)
     print(f"| features | validation AUC | validation BCE | held-out AUC ({int((~train).sum())} rows) |")
     print("| --- | ---: | ---: | ---: |")
     for name, chosen in SETS.items():
@@ -78,11 +93,12 @@ def main() -> int:
         x = features((summed / np.linalg.norm(summed, axis=1, keepdims=True)).astype(np.float32), prompts)
         vals = []
         for seed in (int(s) for s in args.seeds.split(",")):
-            opts = argparse.Namespace(val_folds=5, seed=seed, l2=None, standardize="all", epochs=100, calibration="none")
-            fitted = fit(x[train], y[train], keys, opts)
+            opts = argparse.Namespace(val_folds=5, seed=seed, l2=None, standardize="all", epochs=100, calibration="none",
+                                      hard_at=hard_at, target=target)
+            fitted = fit(x[train], fit_target(y[train], opts), keys, opts)
             picked = next(t for t in fitted.search if t["l2"] == fitted.l2)
             vals.append((float(picked["val_auc"] or 0.0), float(picked["val_bce"] or 0.0)))
-        held = auc(fitted.head.predict(x[~train]), y[~train] >= 0.5)
+        held = auc(fitted.head.predict(x[~train]), y[~train] >= hard_at)
         val_auc, val_bce = np.mean(vals, axis=0)
         print(f"| {name} | {val_auc:.4f} | {val_bce:.5f} | {held} |", flush=True)
     return 0

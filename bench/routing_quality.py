@@ -1,17 +1,20 @@
-"""Routing quality (issue 9): the classifier against random routing on its held-out labeled set.
+"""Routing quality: the classifier against random routing on the held-out split of the rubric label.
 
     .venv/bin/python bench/routing_quality.py [--no-docs]
 
-Data: models/difficulty/labels/sharegpt-nll.jsonl, rows with split == "heldout" (a hash of the
-conversation id, never trained on). Quality: the label is the rank percentile of the small tier's
-NLL on the reference answer (1 = the small tier is most surprised by it). We take the small tier's
-quality on a prompt as 1 - label and the large tier's as 1 (the reference answer's level: no label
-measures the large tier), so sending prompt i to the large tier gains label_i; a second, binary
-variant counts a prompt as failed by the small tier when label >= 0.5 ("hard"). Scores: the
-classifier's encoder + head (models/difficulty), as `gateway calibrate` scores prompts.
-Cost: per 1k requests with the held-out rows' Gemma token counts (prompt, full reference answer)
-at routes/local.yaml prices, bands of policies/local.yaml vs always the large tier.
-Writes docs/routing-quality.png and the issue-9 routing block of docs/BENCHMARKS.md.
+Data: models/difficulty/labels/rubric.jsonl, rows with split == "heldout" (a hash of the
+conversation or prompt id, never trained on): ShareGPT first turns and written prompts, each with
+a rubric level 1-5 (models/difficulty/labels/RUBRIC.md). No label measures either tier's answers, so
+the large tier's quality is 1 on every prompt and the small tier's is read off the level:
+- binary: the small tier fails (0) on hard prompts (level >= 4) and matches the large one (1) below;
+- graded: each level above 1 costs the small tier a quarter of the gap, small = 1 - (level - 1) / 4.
+APGR (RouteLLM: area under PGR over the share sent to the large tier; random 0.5), CPT(50 %) and
+CPT(80 %) (the smallest large-tier share whose PGR reaches 50 % / 80 %), for the classifier, random
+routing, `log_chars` alone and the oracle. Scores: the classifier's encoder + head (models/difficulty),
+as `gateway calibrate` scores prompts. Cost per 1k requests on the held-out rows with Gemma token
+counts (the NLL subset: prompt and full reference answer) at routes/local.yaml prices, bands of
+policies/local.yaml vs always the large tier.
+Writes docs/routing-quality.png and the routing block of docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -29,16 +32,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _load import ROOT, command_line, md_table  # noqa: E402
 
 from gateway.bench.report import replace_marked  # noqa: E402
-from gateway.bench.routing import apgr, cost_per_1k, pgr_at, pgr_curve, random_apgr  # noqa: E402
+from gateway.bench.routing import apgr, cost_per_1k, cpt, pgr_at, pgr_curve, random_apgr  # noqa: E402
 from gateway.classifier.calibrate import score_prompts  # noqa: E402
+from gateway.classifier.head import log_chars  # noqa: E402
+from gateway.classifier.rubric import HARD_LEVEL  # noqa: E402
 
-LABELS = ROOT / "models" / "difficulty" / "labels" / "sharegpt-nll.jsonl"
+LABELS = ROOT / "models" / "difficulty" / "labels" / "rubric.jsonl"
+NLL = ROOT / "models" / "difficulty" / "labels" / "sharegpt-nll.jsonl"
 PLOT = ROOT / "docs" / "routing-quality.png"
 
 
+def read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
 def heldout() -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in LABELS.read_text(encoding="utf-8").split("\n") if line.strip()]
-    return [r for r in rows if r.get("split") == "heldout"]
+    return [r for r in read(LABELS) if r.get("split") == "heldout"]
 
 
 def prices() -> dict[str, tuple[float, float]]:
@@ -71,45 +80,62 @@ def plot(curves: dict[str, tuple[Any, Any]], point: tuple[float, float]) -> None
     plt.close(fig)
 
 
+def row_of(name: str, scores: Any, weak: Any, ones: Any) -> list[str]:
+    share, pgr = pgr_curve(scores, weak, ones)
+    return [name, f"{apgr(share, pgr):.3f}", f"{cpt(share, pgr, 0.5):.1%}", f"{cpt(share, pgr, 0.8):.1%}"]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args()
     rows = heldout()
-    label = np.array([r["label"] for r in rows])
+    level = np.array([r["level"] for r in rows])
     scores, variant = score_prompts(ROOT / "models" / "difficulty", [r["prompt"] for r in rows], None)
-    ones = np.ones_like(label)
-    variants = {"continuous (small = 1 - label)": 1 - label,
-                "binary (small fails when label ≥ 0.5)": (label < 0.5) * 1.0}
+    lengths = log_chars([r["prompt"] for r in rows]).reshape(-1).astype(np.float64)
+    ones = np.ones(len(rows))
+    variants = {"binary": (level < HARD_LEVEL) * 1.0, "graded": 1 - (level - 1) / 4}
     cut, small, large = bands()
-    price = prices()
     table, curves = [], {}
     for name, weak in variants.items():
         share, pgr = pgr_curve(scores, weak, ones)
-        oracle = apgr(*pgr_curve(ones - weak, weak, ones))
         at_share, at_pgr = pgr_at(scores, weak, ones, cut)
-        table.append([name, f"{apgr(share, pgr):.3f}", f"{random_apgr(weak, ones):.3f}", f"{oracle:.3f}",
-                      f"{at_share:.1%} large, PGR {at_pgr:.3f}"])
-        curves.setdefault(f"classifier, {name.split(' ')[0]}", (share, pgr))
-        if name.startswith("continuous"):
+        rng = np.random.default_rng(0)
+        table += [row_of(f"{name}: classifier", scores, weak, ones) + [f"{at_share:.1%} large, PGR {at_pgr:.3f}"],
+                  [f"{name}: random (200 orders)", f"{random_apgr(weak, ones):.3f}",
+                   f"{np.mean([cpt(*pgr_curve(rng.permutation(len(rows)), weak, ones), 0.5) for _ in range(200)]):.1%}",
+                   f"{np.mean([cpt(*pgr_curve(rng.permutation(len(rows)), weak, ones), 0.8) for _ in range(200)]):.1%}", ""],
+                  row_of(f"{name}: log_chars alone", lengths, weak, ones) + [""],
+                  row_of(f"{name}: oracle (by level)", ones - weak, weak, ones) + [""]]
+        curves[f"classifier, {name}"] = (share, pgr)
+        if name == "binary":
             curves["random (expected)"] = (share, share)
-            curves["oracle (sorted by label)"] = pgr_curve(ones - weak, weak, ones)
+            curves["oracle, binary"] = pgr_curve(ones - weak, weak, ones)
             point = (at_share, at_pgr)
     plot(curves, point)
-    tokens = (np.array([r["prompt_tokens"] for r in rows]), np.array([r["answer_tokens_full"] for r in rows]))
-    routed = cost_per_1k(*tokens, scores >= cut, price[small], price[large])
-    always = cost_per_1k(*tokens, np.ones(len(rows), bool), price[small], price[large])
-    text = (f"`{command_line()}`: {len(rows)} held-out rows, classifier models/difficulty "
-            f"(encoder {variant}).\n\n"
-            + md_table(["quality", "APGR classifier", "APGR random (200 orders)", "APGR oracle",
-                        f"at the calibrated cut (score ≥ {cut:g})"], table)
-            + f"\n\nCost per 1k requests (held-out token counts, routes/local.yaml prices): routed by the bands of "
-            f"policies/local.yaml **${routed:.4f}**, always `{large}` **${always:.4f}** "
-            f"({1 - routed / always:.1%} less). Plot: `docs/{PLOT.name}`.")
+    text = (f"`{command_line()}`: {len(rows)} held-out rows of models/difficulty/labels/rubric.jsonl "
+            f"({sum(r['source'] == 'sharegpt' for r in rows)} ShareGPT, {sum(r['source'] == 'written' for r in rows)} written; "
+            f"{int((level >= HARD_LEVEL).sum())} hard), classifier models/difficulty (encoder {variant}).\n\n"
+            + md_table(["router", "APGR", "CPT(50%)", "CPT(80%)", f"at the policies/local.yaml cut (score ≥ {cut:g})"], table)
+            + "\n\n" + cost_text(rows, scores, cut, small, large) + f" Plot: `docs/{PLOT.name}`.")
     print(text)
     if not args.no_docs:
         replace_marked(ROOT / "docs" / "BENCHMARKS.md", "issue-9-routing", text, heading="### Routing quality")
     return 0
+
+
+def cost_text(rows: list[dict[str, Any]], scores: Any, cut: float, small: str, large: str) -> str:
+    """Cost per 1k requests on the held-out rows that have Gemma token counts (the NLL subset)."""
+    tokens = {r["id"]: (r["prompt_tokens"], r["answer_tokens_full"]) for r in read(NLL)}
+    known = np.array([r["id"] in tokens for r in rows])
+    prompt = np.array([tokens[r["id"]][0] for r in rows if r["id"] in tokens])
+    answer = np.array([tokens[r["id"]][1] for r in rows if r["id"] in tokens])
+    price = prices()
+    routed = cost_per_1k(prompt, answer, scores[known] >= cut, price[small], price[large])
+    always = cost_per_1k(prompt, answer, np.ones(len(prompt), bool), price[small], price[large])
+    return (f"Cost per 1k requests ({int(known.sum())} held-out rows with Gemma token counts, routes/local.yaml prices): "
+            f"routed by the bands of policies/local.yaml **${routed:.4f}**, always `{large}` **${always:.4f}** "
+            f"({1 - routed / always:.1%} less).")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
     python -m gateway.classifier.rubric show BATCH.jsonl START COUNT       # prompts to read
     python -m gateway.classifier.rubric check BATCH.jsonl LABELS.jsonl     # progress of a pass
-    python -m gateway.classifier.rubric merge --nll sharegpt-nll.jsonl --written written.jsonl \
+    python -m gateway.classifier.rubric merge --sample 7000 --nll sharegpt-nll.jsonl --written written.jsonl \
         --passes rubric/pass1_*.jsonl --out rubric.jsonl                   # the training file
     python -m gateway.classifier.rubric agree --labels rubric.jsonl --second rubric/pass2.jsonl
 
 A level (1-5) is a reader's judgement of a prompt against the rubric; this module never makes
-one. `merge` joins the passes to the prompts (ShareGPT rows keep their NLL label as `nll_label`)
+one. `merge` joins the passes to the prompts: the first `--sample` prompts of the seeded ShareGPT
+sample that `labeling` draws (seed 0; its first 3,500 are the NLL set, whose rows keep `nll` and
+their NLL label as `nll_label`), then the written prompts,
 and sets `label = (level - 1) / 4`, so `gateway train` reads it like any [0, 1] label and
 `hard = level >= 4` is `label >= 0.75`. `agree` compares two independent passes on the same ids.
 """
@@ -84,15 +86,18 @@ def check(batch: Path, labels: Path) -> str:
             f"unknown ids {len(unknown)}\nlevels: {counts}")
 
 
-def merge(nll_rows: Sequence[Row], written: Sequence[Row], levels: dict[str, int]) -> list[Row]:
-    """The rubric training set: every ShareGPT row and written prompt with its pass-1 level."""
+def merge(sampled: Sequence[tuple[str, str]], nll_rows: Sequence[Row], written: Sequence[Row],
+          levels: dict[str, int]) -> list[Row]:
+    """The rubric training set: every sampled ShareGPT prompt (id, prompt) and written prompt with its pass-1 level."""
+    nll = {row["id"]: row for row in nll_rows}
     out: list[Row] = []
-    for row in nll_rows:
-        if row["id"] not in levels:
-            raise ValueError(f"ShareGPT row {row['id']} has no level")
-        out.append({"id": row["id"], "source": "sharegpt", "prompt": row["prompt"], "level": levels[row["id"]],
-                    "label": level_label(levels[row["id"]]), "nll": row["nll"], "nll_label": row["label"],
-                    "language": row["language"], "split": row["split"]})
+    for key, prompt in sampled:
+        if key not in levels:
+            raise ValueError(f"ShareGPT row {key} has no level")
+        scored = nll.get(key, {})
+        out.append({"id": key, "source": "sharegpt", "prompt": prompt, "level": levels[key],
+                    "label": level_label(levels[key]), "nll": scored.get("nll"), "nll_label": scored.get("label"),
+                    "language": guess_language(prompt), "split": split_of(key)})
     for row in written:
         level = int(row["level"])
         out.append({"id": row["id"], "source": "written", "prompt": row["prompt"], "level": level,
@@ -137,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("batch", type=Path)
     c.add_argument("labels", type=Path)
     m = sub.add_parser("merge", help="join the passes into the training file")
+    m.add_argument("--sample", type=int, required=True, help="ShareGPT prompts of labeling's seed-0 sample")
     m.add_argument("--nll", type=Path, required=True, help="the NLL-labeled ShareGPT rows")
     m.add_argument("--written", type=Path, required=True, help="written prompts with their level")
     m.add_argument("--passes", type=Path, nargs="+", required=True, help="pass-1 label files")
@@ -154,7 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "check":
         print(check(args.batch, args.labels))
     elif args.command == "merge":
-        rows = merge(read_rows(args.nll), read_rows(args.written), read_levels(args.passes))
+        from gateway.classifier.labeling import sample
+
+        sampled = [(key, prompt) for key, prompt, _ in sample(0, args.sample)]
+        rows = merge(sampled, read_rows(args.nll), read_rows(args.written), read_levels(args.passes))
         args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         print(json.dumps({"rows": len(rows), "levels": sorted(Counter(r["level"] for r in rows).items())}))
     else:

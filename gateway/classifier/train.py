@@ -255,6 +255,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="platt: rescale the score to P(label >= --hard-at) on out-of-fold scores (ranking unchanged)")
     p.add_argument("--hard-at", type=float, default=0.5,
                    help="hard = label >= this, for AUC and Platt scaling (rubric levels: 0.75 = level >= 4)")
+    p.add_argument("--target", choices=("label", "hard"), default="label",
+                   help="fit the soft label, or hard = label >= --hard-at as a 0/1 target (rubric levels)")
     p.add_argument("--seed", type=int, default=0, help="seed of the validation slices")
     p.add_argument("--threads", type=int, default=2, help="encoder threads")
     p.add_argument("--embed-cache", type=Path, default=None, help="folder caching embeddings between runs")
@@ -296,6 +298,14 @@ def fit(x: F64, y: F64, keys: Sequence[str], args: argparse.Namespace) -> Fitted
     return Fitted(HeadParams(head.weights * a, head.bias * a + c, head.mean, head.std), l2, iterations, search, (a, c))
 
 
+def fit_target(labels: F64, args: argparse.Namespace) -> F64:
+    """What the head fits: the soft labels, or 0/1 for hard = label >= --hard-at."""
+    if getattr(args, "target", "label") == "hard":
+        hard: F64 = (labels >= args.hard_at).astype(np.float64)
+        return hard
+    return labels
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Embed, pick L2, fit, evaluate, export; returns metrics.json's content."""
     started = time.perf_counter()
@@ -311,7 +321,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     x, y = features(emb, [r.prompt for r in rows]), np.array([r.label for r in rows])
     tr = np.array([r.split == "train" for r in rows])
     embed_s = time.perf_counter() - started
-    fitted = fit(x[tr], y[tr], [r.key for r in rows if r.split == "train"], args)
+    fitted = fit(x[tr], fit_target(y[tr], args), [r.key for r in rows if r.split == "train"], args)
     scores = fitted.head.predict(x[~tr])
     quality = evaluate(scores, y[~tr], [r.language for r in held], x[~tr, -1], hard_at=args.hard_at)
     encoders: dict[str, dict[str, Any]] = {args.encoder_variant: {"file": model_path.name, "sha256": sha}}
@@ -332,7 +342,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "counts": {"rows": len(rows), "train": int(tr.sum()), "heldout": len(held), "val_folds": args.val_folds},
         **quality,
         "training": {
-            "l2": fitted.l2, "l2_search": fitted.search, "standardize": args.standardize,
+            "l2": fitted.l2, "l2_search": fitted.search, "standardize": args.standardize, "target": args.target,
             "platt": fitted.platt and [round(v, 6) for v in fitted.platt],
             "newton_iterations": fitted.iterations, "max_iterations": args.epochs, "seed": args.seed,
             "embed_seconds": round(embed_s, 2), "embed_cache_used": args.embed_cache is not None,

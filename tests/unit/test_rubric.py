@@ -36,12 +36,13 @@ def test_agreement_on_shared_ids() -> None:
 def test_merge_keeps_the_nll_label_as_a_second_column_and_splits_written_prompts(tmp_path: Path) -> None:
     nll = [{"id": "abc_0", "prompt": "hi", "nll": 2.5, "label": 0.9, "language": "en", "split": "train"}]
     written = [{"id": "w0001", "prompt": "Prove Fermat's little theorem.", "level": 5, "category": "short-hard"}]
-    rows = merge(nll, written, {"abc_0": 1})
+    rows = merge([("abc_0", "hi"), ("new_1", "thanks")], nll, written, {"abc_0": 1, "new_1": 1})
     assert rows[0] == {"id": "abc_0", "source": "sharegpt", "prompt": "hi", "level": 1, "label": 0.0, "nll": 2.5,
                        "nll_label": 0.9, "language": "en", "split": "train"}
-    assert rows[1]["label"] == 1.0 and rows[1]["split"] in ("train", "heldout") and rows[1]["source"] == "written"
+    assert rows[1]["nll"] is None and rows[1]["split"] in ("train", "heldout")  # beyond the NLL set
+    assert rows[2]["label"] == 1.0 and rows[2]["split"] in ("train", "heldout") and rows[2]["source"] == "written"
     with pytest.raises(ValueError, match="abc_0"):
-        merge(nll, [], {})
+        merge([("abc_0", "hi")], nll, [], {})
 
 
 def test_label_files_and_progress(tmp_path: Path) -> None:
