@@ -9,8 +9,10 @@ import orjson
 from aiohttp import web
 
 from gateway.app import GATEWAY, Gateway
+from gateway.body import read_body
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound, error_body
 from gateway.explain import explain
+from gateway.stages.parse import check_depth
 from gateway.types import Endpoint
 
 JSON = "application/json"
@@ -56,12 +58,14 @@ async def admin_explain(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
         _check_admin(request, gateway)
+        raw = await read_body(request, gateway.config.policy.max_body_bytes)
         try:
-            payload = orjson.loads(await request.read())
+            payload = orjson.loads(raw)
         except orjson.JSONDecodeError as err:
             raise InvalidRequest(f"the body is not valid JSON: {err}") from None
         if not isinstance(payload, dict) or not isinstance(payload.get("tenant"), str):
             raise InvalidRequest("send {\"tenant\": NAME, \"request\": {...}}", param="tenant")
+        check_depth(raw, payload)
         body = payload.get("request")
         if not isinstance(body, dict):
             raise InvalidRequest("'request' must be an OpenAI request body", param="request")

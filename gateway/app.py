@@ -27,6 +27,7 @@ from gateway.cache.responses import ResponseCache
 from gateway.cache.semantic import SemanticIndex
 from gateway.cache.semantic_cache import SemanticCache
 from gateway.limits.limiter import Limiter
+from gateway.limits.replicas import Replicas
 from gateway.config import GatewayConfig
 from gateway.config.reload import ConfigReloader
 from gateway.metrics import GatewayMetrics
@@ -59,6 +60,7 @@ class Gateway:
     reloader: ConfigReloader | None = None
     scorer: DifficultyScorer | None = None
     responses: ResponseCache | None = None
+    replicas: Replicas | None = None
 
     def serve(self, config: GatewayConfig) -> None:
         """Swap in a new config version: requests that start from now on use it."""
@@ -99,24 +101,20 @@ def create_app(
                 if (shared := _share_embeddings(scorer, gateway.redis, responses, writes)) is not None:
                     semantic, sentences = shared
             stages: list[Stage] = [
-                ParseStage(), PolicyStage(Limiter(gateway.redis, writes)), ClassifyStage(scorer),
+                ParseStage(), PolicyStage(_limiter(gateway, writes)), ClassifyStage(scorer),
                 RouteStage(gateway.pool), CacheStage(responses, semantic), *([affinity] if affinity else []),
             ]
             watchdog = IdleWatchdog()
             gateway.stages = (*stages, AdmissionStage(gateway.pool, metrics),
-                              ProxyStage(session, gateway.pool, watchdog, metrics))
-            idle_sweeps = asyncio.create_task(watchdog.run())
+                              ProxyStage(session, gateway.pool, watchdog, metrics, gateway.accountant.count_tokens))
             stop_watching = asyncio.Event()
-            watcher = asyncio.create_task(gateway.reloader.watch(stop_watching)) if gateway.reloader else None
-            probes = asyncio.create_task(Prober(session, gateway.pool, lambda: gateway.config).run(stop_watching))
+            idle_sweeps, loops = _background(gateway, session, watchdog, stop_watching)
             try:
                 yield
             finally:
                 idle_sweeps.cancel()
                 stop_watching.set()
-                await probes
-                if watcher is not None:
-                    await watcher
+                await asyncio.gather(*loops)
                 await writes.drain()
                 if sentences is not None:
                     await sentences.aclose()
@@ -127,6 +125,24 @@ def create_app(
     admin.add_routes(app)
     http.add_routes(app)  # last: its catch-all answers unknown paths
     return app
+
+
+def _limiter(gateway: Gateway, writes: BackgroundWrites) -> Limiter:
+    """The rate limiter, and the heartbeats that tell it how many replicas share a limit."""
+    redis = gateway.config.routes.redis
+    gateway.replicas = Replicas(gateway.redis, lambda: gateway.config.routes.redis.expected_replicas)
+    return Limiter(gateway.redis, writes, gateway.replicas, gateway.metrics, timeout_s=redis.limits_timeout_ms / 1000)
+
+
+def _background(gateway: Gateway, session: aiohttp.ClientSession, watchdog: IdleWatchdog,
+                stop: asyncio.Event) -> tuple[asyncio.Task[None], list[asyncio.Task[None]]]:
+    """The background loops: the idle sweeps (cancelled at the end), and those that end when `stop` is set
+    (health probes, replica heartbeats, the config watcher)."""
+    assert gateway.replicas is not None
+    loops = [Prober(session, gateway.pool, lambda: gateway.config).run(stop), gateway.replicas.run(stop)]
+    if gateway.reloader is not None:
+        loops.append(gateway.reloader.watch(stop))
+    return asyncio.create_task(watchdog.run()), [asyncio.create_task(loop) for loop in loops]
 
 
 def _share_embeddings(scorer: DifficultyScorer | None, guard: RedisGuard, responses: ResponseCache,

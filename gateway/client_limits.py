@@ -8,8 +8,8 @@
                       request (status 499, error `client_write_timeout`) and cancels the upstream
 
 The size limits sit elsewhere: headers (aiohttp's parser: 8190-byte lines and fields, 128 headers,
-answered 400 before any handler runs), the body (the policy's `max_body_bytes`, read no further
-than that), messages (`gateway.stages.parse.MAX_MESSAGES`). Buffering toward a slow reader is
+answered 400 before any handler runs), the body (the policy's `max_body_bytes`, counted decoded and
+read no further than that: `gateway.body`), messages (`gateway.stages.parse.MAX_MESSAGES`). Buffering toward a slow reader is
 bounded by back-pressure: a write waits for the socket to drain, so the gateway stops reading the
 upstream, whose own socket then fills.
 """
@@ -34,4 +34,5 @@ LIMITS = ClientLimits()  # tests swap in shorter ones with monkeypatch
 def handler_args(limits: ClientLimits | None = None) -> dict[str, Any]:
     """aiohttp request-handler settings for `web.Application(handler_args=...)` or `web.AppRunner(...)`."""
     limits = limits or LIMITS
-    return {"keepalive_timeout": limits.header_timeout_s}
+    # bodies are decoded by gateway.body, which answers a bad or unknown Content-Encoding in the OpenAI shape
+    return {"keepalive_timeout": limits.header_timeout_s, "auto_decompress": False}

@@ -4,6 +4,7 @@
      ├── InvalidRequest                400 invalid_request_error (param names the field)
      │    ├── BodyTooLarge             413
      │    ├── RequestTimeout           408 (the body did not arrive in time)
+     │    ├── UnsupportedMediaType     415 (a Content-Encoding the gateway does not decode)
      │    └── UnknownModel             404 model_not_found
      ├── AuthenticationFailed          401 authentication_error
      ├── PermissionDenied              403 permission_error
@@ -63,6 +64,11 @@ class BodyTooLarge(InvalidRequest):
 class RequestTimeout(InvalidRequest):
     status = 408
     code = "request_timeout"
+
+
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
+    code = "unsupported_content_encoding"
 
 
 class UnknownModel(InvalidRequest):

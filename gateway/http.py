@@ -16,15 +16,13 @@ from aiohttp import web
 from gateway import client_limits
 from gateway.app import GATEWAY, Gateway
 from gateway.context import RequestContext
-from gateway.errors import (
-    BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, RequestTimeout, UpstreamError, error_body,
-)
+from gateway.body import JSON, read_body
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, UpstreamError, error_body
 from gateway.openapi import openapi_spec
 from gateway.pipeline import run_stages
 from gateway.server import LIFECYCLE
 from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
 
-JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 POST_PATHS = ("/v1/chat/completions", "/v1/completions")
 
@@ -65,7 +63,7 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gateway.metrics.in_flight.inc()
     reply = None
     try:
-        ctx.raw_body = await _read_body(request, ctx.config.policy.max_body_bytes)
+        ctx.raw_body = await read_body(request, ctx.config.policy.max_body_bytes)
         reply = await run_stages(gateway.stages, ctx)
         if isinstance(reply, StreamReply):
             return await _stream(request, ctx, reply)
@@ -126,23 +124,6 @@ async def _write_behind(
     return True
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The body, read no further than `limit` bytes (413 beyond) and within the body timeout (408)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"the request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
-    timeout_s = client_limits.LIMITS.body_timeout_s
-    raw = bytearray()
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for piece in request.content.iter_any():
-                raw += piece
-                if len(raw) > limit:
-                    raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
-    return bytes(raw)
-
-
 def _bearer(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
@@ -198,8 +179,9 @@ async def readyz(request: web.Request) -> web.Response:
     ready = bool(gateway.stages) and not draining
     redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
     status = "draining" if draining else "ready" if ready else "starting"
-    body = {"status": status, "config_version": gateway.config.version,
-            "tiers": list(gateway.config.tiers), "redis": redis}
+    body = {"status": status, "config_version": gateway.config.version, "tiers": list(gateway.config.tiers),
+            "redis": redis, "limits": "global" if redis == "up" else "local",
+            "replicas": gateway.replicas.count if gateway.replicas else 1}
     return web.Response(body=orjson.dumps(body), status=200 if ready else 503, content_type=JSON)
 
 

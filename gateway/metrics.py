@@ -59,6 +59,14 @@ class GatewayMetrics:
             "gateway_brownouts", "Requests moved to a faster tier because theirs was saturated",
             ("from_tier", "to_tier"), registry=self.registry,
         )
+        self.limits_local = Counter(
+            "gateway_limits_local_decisions", "Rate-limit decisions taken on this replica's share, Redis unable to "
+            "decide (reason: redis_down, redis_no_answer, no_redis)", ("reason",), registry=self.registry,
+        )
+        self.replicas = Gauge(
+            "gateway_replicas", "Gateway replicas a limit is shared by while Redis is down (heartbeats, at least "
+            "redis.expected_replicas)", registry=self.registry,
+        )
         self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any, Any]] = {}
 
     def observe(

@@ -3,7 +3,9 @@
 `SseScanner.feed` takes whatever bytes arrived and returns the bytes to send on: every complete
 event, untouched, in one piece (an incomplete tail waits for the next read). It drops the
 usage-only event when the client did not ask for usage, data that is not JSON, and everything
-after an output cap is reached (the chunk that crosses a character cap is trimmed to fit).
+after an output cap is reached (the chunk that crosses a character cap is trimmed to fit). It holds
+back `[DONE]` and what follows: `ending` writes the stream's last events, and the relay decides
+what they carry.
 
 Every data event is parsed (orjson: ~1 µs for a chunk; a regex pre-check measured slower).
 """
@@ -66,7 +68,7 @@ class SseScanner:
         for raw in events:
             if not raw:
                 continue
-            out = None if self.tally.capped else self._inspect(raw)
+            out = None if self.tally.capped or self.tally.done else self._inspect(raw)
             if out is not None:
                 kept.append(out)
             changed = changed or out is not raw
@@ -86,7 +88,7 @@ class SseScanner:
             return raw  # comment or non-data field: forwarded as is
         if payload == DONE:
             self.tally.done = True
-            return raw
+            return None  # the relay ends the stream: see `ending`
         try:
             chunk = orjson.loads(payload)
             choices = chunk.get("choices")
@@ -135,15 +137,17 @@ class SseScanner:
             choice["text"] = content
         return b"data: " + orjson.dumps(chunk)
 
-    def ending(self) -> bytes:
-        """What a capped stream ends with: a finish chunk (finish_reason "length") and [DONE].
-        No usage chunk: the prompt's tokens are counted later, by the account stage."""
+    def ending(self, reason: str | None = None, usage: dict[str, int] | None = None) -> bytes:
+        """The stream's last events: a finish chunk when `reason` is given, a usage chunk (empty choices)
+        when `usage` is, then [DONE]."""
+        events: list[dict[str, Any]] = []
         head = self.tally.head
-        if self._chat:
-            choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": "length"}
-        else:
-            choice = {"index": 0, "text": "", "finish_reason": "length"}
-        return b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\ndata: [DONE]\n\n"
+        if reason is not None:
+            choice: dict[str, Any] = {"index": 0, "delta": {}} if self._chat else {"index": 0, "text": ""}
+            events.append({**head, "choices": [{**choice, "finish_reason": reason}]})
+        if usage is not None:
+            events.append({**head, "choices": [], "usage": usage})
+        return b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n"
 
 
 def _complete_prefix_end(buf: bytes) -> int:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import aiohttp
 
 from gateway.config import GatewayConfig, PolicyConfig, RoutesConfig, Tier
 
@@ -81,3 +85,17 @@ tiers:
     replicas:
       - {{name: {tier_name}-a, url: "{url}", model: m{launch_part}}}
 {extra}"""
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float = 10.0, every_s: float = 0.05) -> None:
+    """Poll `{url}/readyz` until it answers 200; AssertionError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(f"{url}/readyz") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"{url} was not ready within {timeout_s:g} s")

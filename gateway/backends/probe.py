@@ -1,7 +1,9 @@
 """Off the request path: active health checks and the backends' own load, on an interval.
 
 Health: `GET {replica.url}/models` (every OpenAI-compatible server has it) every
-`balancing.health_interval_s`; a failure takes the replica out of the ranking until one passes.
+`balancing.health_interval_s`; a failure takes the replica out of the ranking until one passes. A
+probe that times out while the gateway has requests in flight on the replica changes nothing: the
+server is busy (llama.cpp answers only between two generations), and those requests say if it is not.
 Load: `GET /metrics` at the server's root every `scrape_interval_s`, read with vLLM's names
 (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`; SGLang and
 the emulator speak them too). A server without them (llama.cpp) is asked again only every minute.
@@ -98,8 +100,9 @@ class Prober:
         try:
             async with self._session.get(replica.url + "/models", timeout=PROBE_TIMEOUT) as response:
                 healthy = response.status < 500
-        except (aiohttp.ClientError, TimeoutError):
-            healthy = False
+        except (aiohttp.ClientError, TimeoutError) as err:
+            # busy is not down: llama.cpp answers /models only between two generations
+            healthy = isinstance(err, TimeoutError) and state.in_flight > 0 and state.healthy
         if healthy != state.healthy:
             log.warning("replica_health_changed", backend=replica.name, healthy=healthy)
         state.healthy = healthy

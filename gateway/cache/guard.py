@@ -1,7 +1,8 @@
 """RedisGuard: every Redis call of the request path goes through `run`, which never raises.
 
 A connection error, or `timeouts_to_down` timeouts in a row lasting `down_after_s` with no success
-between them, returns None and marks Redis down for `down_backoff_s`: calls in that window return
+between them (a reply that arrives after its call gave up counts as a success: Redis is slow, not
+down), returns None and marks Redis down for `down_backoff_s`: calls in that window return
 None at once (no connect-timeout tax per request), then a single probe call goes through; its
 success marks Redis up again. A timeout alone only returns None: the budget is measured from the
 event loop, so one stall times out every call pending at that moment, and that is not an outage.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -26,7 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.cache.connection import RedisClient
 
 T = TypeVar("T")
-OP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
+OP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)  # up to the limiter's 2 s
 UNAVAILABLE = (RedisConnectionError, OSError)
 
 log = structlog.get_logger("gateway.redis")
@@ -81,12 +82,16 @@ class RedisGuard:
             self._probing = probe = True
         seconds, errors = self._metrics(op)
         start = time.perf_counter()
+        reply: asyncio.Future[T] | None = None
         try:
             # shielded: giving up on a slow reply must not cancel the read, which would drop the
             # connection and make the next call pay for a reconnect inside its own budget
-            result = await asyncio.wait_for(asyncio.shield(call()), timeout_s or self.op_timeout_s)
+            reply = asyncio.ensure_future(call())
+            result = await asyncio.wait_for(asyncio.shield(reply), timeout_s or self.op_timeout_s)
         except (TimeoutError, RedisTimeoutError) as err:
             errors.inc()
+            if reply is not None and not reply.done():  # the reply may still come
+                reply.add_done_callback(self._late_reply)
             if self._timeouts == 0:
                 self._first_timeout_at = time.monotonic()
             self._timeouts += 1
@@ -114,6 +119,12 @@ class RedisGuard:
         if not self._up:
             self._mark_up()
         return result
+
+    def _late_reply(self, reply: asyncio.Future[Any]) -> None:
+        """A reply that came after its call gave up: Redis is slow, not gone, so the timeouts in a row
+        so far do not count towards marking it down."""
+        if not reply.cancelled() and reply.exception() is None:
+            self._timeouts = 0
 
     def _mark_down(self, op: str, err: BaseException) -> None:
         self._retry_at = time.monotonic() + self.down_backoff_s

@@ -219,6 +219,14 @@ class RedisSettings(Frozen):
     op_timeout_ms: float = Field(
         default=20.0, gt=0, description="budget of one Redis call on the request path, event-loop wait included"
     )
+    limits_timeout_ms: float = Field(
+        default=2000.0, gt=0, description="budget of the rate-limit call: the limiter waits this long for Redis "
+        "(a busy event loop makes replies late; the socket timeout is 2 s) before it decides on this replica's share"
+    )
+    expected_replicas: int = Field(
+        default=1, ge=1, description="gateway replicas at least: while Redis is down each admits its limits divided "
+        "by this or the count its heartbeats saw, whichever is larger"
+    )
 
 
 class RoutesConfig(Frozen):

@@ -24,6 +24,8 @@ class FaultConfig:
     disconnect_rate: float = 1.0
     malformed_sse: bool = False  # emit a garbage SSE event after the first token
     malformed_rate: float = 1.0
+    omit_finish_reason: bool = False  # streams end with [DONE] and no chunk carrying a finish_reason
+    omit_usage: bool = False  # streams send no usage chunk even when asked (as llama.cpp's server)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -52,8 +54,11 @@ class FaultConfig:
         return asdict(self)
 
 
+BOOL_FIELDS = frozenset({"malformed_sse", "omit_finish_reason", "omit_usage"})
+
+
 def _type_ok(key: str, value: object) -> bool:
-    if key == "malformed_sse":
+    if key in BOOL_FIELDS:
         return isinstance(value, bool)
     if key == "disconnect_after_tokens":
         return value is None or (isinstance(value, int) and not isinstance(value, bool))
@@ -69,6 +74,8 @@ class FaultDecision:
     stall_s: float = 0.0
     disconnect_after: int | None = None
     malformed: bool = False
+    omit_finish: bool = False
+    omit_usage: bool = False
 
 
 NO_FAULT = FaultDecision()
@@ -94,6 +101,7 @@ class FaultInjector:
             stall_s=c.stall_s if c.stall_s > 0 and u[2] < c.stall_rate else 0.0,
             disconnect_after=c.disconnect_after_tokens if u[3] < c.disconnect_rate else None,
             malformed=c.malformed_sse and u[4] < c.malformed_rate,
+            omit_finish=c.omit_finish_reason, omit_usage=c.omit_usage,
         )
         if d.rate_limit or d.error:  # rejected before any byte: nothing else applies
             d = FaultDecision(rate_limit=d.rate_limit, error=not d.rate_limit)

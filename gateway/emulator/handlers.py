@@ -83,8 +83,8 @@ async def _stream(
                 await resp.write(out)
             if seq.state is SeqState.FINISHED and sent >= seq.n_out:
                 break
-        tail = fmt.finish(seq.finish_reason)
-        if req.include_usage:
+        tail = b"" if fault.omit_finish else fmt.finish(seq.finish_reason)
+        if req.include_usage and not fault.omit_usage:
             tail += fmt.usage(seq.prompt_tokens, sent, seq.cached_tokens)
         await resp.write(tail + DONE)
         status = "completed"

@@ -2,8 +2,16 @@
 
 Global across gateway replicas: one Lua script checks both minute windows and the day's spend and
 charges the windows atomically, in one round trip (a script rather than a limiter library: no extra
-dependency, one round trip, and the exact semantics we document). When Redis does not answer in
-time, the same arithmetic runs per process (LocalWindows): limits then hold per replica.
+dependency, one round trip, and the exact semantics we document). The script gets its own budget
+(`redis.limits_timeout_ms`, far above the caches' `op_timeout_ms`): under a burst a reply is late
+because the event loop is busy, and deciding without it would let the burst through.
+
+When Redis cannot decide (down, or no reply within that budget), the same arithmetic runs per
+process (LocalWindows) against this replica's share: each limit divided by the number of replicas
+(`Replicas.count`), so that N replicas together stay within the limit. The local windows are also
+charged for what Redis admitted, so a replica that spent its share before an outage has no more.
+Local decisions are counted (`gateway_limits_local_decisions_total{reason}`) and logged
+(`limits_local`, at most once per `WARN_EVERY_S` per reason).
 """
 
 from __future__ import annotations
@@ -12,12 +20,20 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import structlog
+
 from gateway.cache.background import BackgroundWrites
 from gateway.cache.guard import RedisGuard
 from gateway.config.tenants import TenantPolicy
 from gateway.errors import RateLimited
 from gateway.limits.local import LocalBudgets, LocalWindows
+from gateway.limits.replicas import Replicas
 from gateway.limits.window import WINDOW_S, WindowPosition, retry_after
+from gateway.metrics import GatewayMetrics
+
+WARN_EVERY_S = 10.0
+
+log = structlog.get_logger("gateway.limits")
 
 # KEYS: req:cur req:prev tok:cur tok:prev budget:day
 # ARGV: req_limit tok_limit tok_cost prev_weight ttl budget_limit   (a limit of -1: none)
@@ -40,12 +56,18 @@ return {1, '', '0', '0'}
 
 
 class Limiter:
-    def __init__(self, guard: RedisGuard | None, writes: BackgroundWrites) -> None:
+    def __init__(self, guard: RedisGuard | None, writes: BackgroundWrites, replicas: Replicas,
+                 metrics: GatewayMetrics, *, timeout_s: float = 2.0) -> None:
         self._guard = guard
         self._writes = writes
+        self._replicas = replicas
+        self._metrics = metrics
+        self.timeout_s = timeout_s
         self._script = guard.client.register_script(ADMIT_LUA) if guard else None
         self._windows = LocalWindows()
         self._budgets = LocalBudgets()
+        self._warned: dict[str, float] = {}
+        metrics.replicas.set_function(lambda: replicas.count)
 
     async def admit(self, tenant: TenantPolicy, token_cost: int) -> None:
         """Raise RateLimited (429 + Retry-After) when a limit or the day's budget is used up."""
@@ -55,11 +77,12 @@ class Limiter:
         position, day = WindowPosition.at(time.time()), _today()
         reply = await self._admit_redis(tenant, token_cost, position, day) if self._script else None
         if reply is None:
-            self._admit_local(tenant, token_cost, position, day)
+            self._admit_local(tenant, token_cost, position, day, self._local_reason())
             return
         allowed, denied_by, current, previous = reply
         reason = _text(denied_by)
         if int(allowed):
+            self._windows.charge(_charges(tenant, token_cost), position)
             return
         if reason == "budget":
             _deny(tenant, reason, 0.0)
@@ -71,7 +94,7 @@ class Limiter:
         position, day = WindowPosition.at(time.time()), _today()
         rate = tenant.rate_limit
         if rate is not None and rate.tokens_per_min is not None and token_delta:
-            self._windows.adjust(f"{tenant.name}:tok", token_delta, position)
+            self._windows.adjust(_local_key(tenant, "tok"), token_delta, position)
             self._redis_later(lambda c: c.incrby(_key(tenant, "tok", position.index), token_delta))
         if tenant.daily_budget_usd is not None and cost_usd > 0:
             self._budgets.add(tenant.name, day, cost_usd)
@@ -88,22 +111,39 @@ class Limiter:
         args = [_or_none(rate.requests_per_min if rate else None), _or_none(rate.tokens_per_min if rate else None),
                 token_cost, position.previous_weight, 2 * WINDOW_S, _or_none(tenant.daily_budget_usd)]
         script = self._script
-        reply: list[Any] | None = await self._guard.run("limits_admit", lambda: script(keys=keys, args=args))
+        reply: list[Any] | None = await self._guard.run("limits_admit", lambda: script(keys=keys, args=args),
+                                                        self.timeout_s)
         return reply
 
-    def _admit_local(self, tenant: TenantPolicy, token_cost: int, position: WindowPosition, day: str) -> None:
+    def _admit_local(self, tenant: TenantPolicy, token_cost: int, position: WindowPosition, day: str,
+                     reason: str) -> None:
+        """Decide on this replica's share of each limit (the limit divided by the replicas)."""
+        replicas = self._replicas.count
+        self._metrics.limits_local.labels(reason).inc()
+        self._warn(reason, replicas)
         budget = tenant.daily_budget_usd
-        if budget is not None and self._budgets.spent(tenant.name, day) >= budget:
+        if budget is not None and self._budgets.spent(tenant.name, day) >= budget / replicas:
             _deny(tenant, "budget", 0.0)
         rate = tenant.rate_limit
         if rate is not None and rate.requests_per_min is not None:
-            wait = self._windows.admit(f"{tenant.name}:req", 1, rate.requests_per_min, position)
+            wait = self._windows.admit(_local_key(tenant, "req"), 1, rate.requests_per_min / replicas, position)
             if wait is not None:
                 _deny(tenant, "requests", wait)
         if rate is not None and rate.tokens_per_min is not None:
-            wait = self._windows.admit(f"{tenant.name}:tok", token_cost, rate.tokens_per_min, position)
+            wait = self._windows.admit(_local_key(tenant, "tok"), token_cost, rate.tokens_per_min / replicas, position)
             if wait is not None:
                 _deny(tenant, "tokens", wait)
+
+    def _local_reason(self) -> str:
+        if self._guard is None:
+            return "no_redis"
+        return "redis_down" if not self._guard.up else "redis_no_answer"
+
+    def _warn(self, reason: str, replicas: int) -> None:
+        now = time.monotonic()
+        if reason != "no_redis" and now - self._warned.get(reason, -WARN_EVERY_S) >= WARN_EVERY_S:
+            self._warned[reason] = now
+            log.warning("limits_local", reason=reason, replicas=replicas)
 
     def _redis_later(self, write: Any) -> None:
         if self._guard is not None:
@@ -116,6 +156,15 @@ async def _add_spend(client: Any, key: str, usd: float) -> None:
         pipe.incrbyfloat(key, usd)
         pipe.expire(key, 2 * 86400)
         await pipe.execute()
+
+
+def _charges(tenant: TenantPolicy, token_cost: int) -> list[tuple[str, float]]:
+    """What an admission charges the local windows: one request, `token_cost` tokens (where limited)."""
+    rate = tenant.rate_limit
+    if rate is None:
+        return []
+    return ([(_local_key(tenant, "req"), 1.0)] if rate.requests_per_min is not None else []) + (
+        [(_local_key(tenant, "tok"), float(token_cost))] if rate.tokens_per_min is not None else [])
 
 
 def _deny(tenant: TenantPolicy, reason: str, wait_s: float) -> None:
@@ -136,6 +185,10 @@ def _limit_of(tenant: TenantPolicy, reason: str) -> float:
 
 def _key(tenant: TenantPolicy, kind: str, index: int) -> str:
     return f"rl:{{{tenant.name}}}:{kind}:{index}"  # one hash slot per tenant (Redis Cluster)
+
+
+def _local_key(tenant: TenantPolicy, kind: str) -> str:
+    return f"{tenant.name}:{kind}"
 
 
 def _budget_key(tenant: TenantPolicy, day: str) -> str:

@@ -23,6 +23,12 @@ class LocalWindows:
     def adjust(self, key: str, delta: float, position: WindowPosition) -> None:
         self._counts[(key, position.index)] += delta
 
+    def charge(self, costs: list[tuple[str, float]], position: WindowPosition) -> None:
+        """Count what was admitted elsewhere (by Redis): the local windows then know this replica's use."""
+        for key, cost in costs:
+            self._counts[(key, position.index)] += cost
+        self._forget_before(position.index - 1)
+
     def _forget_before(self, index: int) -> None:
         if len(self._counts) > 4096:
             for stale in [k for k in self._counts if k[1] < index]:

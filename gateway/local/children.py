@@ -36,7 +36,8 @@ def launch_command(replica: Replica) -> list[str]:
         return [sys.executable, "-m", "llama_cpp.server", "--model", str(models.resolve(launch.model)),
                 "--host", "127.0.0.1", "--port", port, "--model_alias", replica.model,
                 "--chat_format", launch.chat_format, "--n_ctx", str(launch.n_ctx),
-                "--n_threads", threads, "--n_threads_batch", threads]
+                "--n_threads", threads, "--n_threads_batch", threads,
+                "--interrupt_requests", "false"]  # else a request arriving cuts the running stream short
     raise ValueError(f"replica {replica.name} has no launch block")
 
 

@@ -31,7 +31,7 @@ class Accountant:
 
     def settle(self, ctx: RequestContext) -> None:
         ctx.finished_at = now = time.perf_counter()
-        self._count_tokens(ctx)
+        self.count_tokens(ctx)
         served = datetime.fromtimestamp(ctx.ts, UTC)
         cost, avoided, baseline = _prices(ctx, served.date())
         ctx.cost_usd = cost
@@ -77,9 +77,10 @@ class Accountant:
         )
         self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
 
-    def _count_tokens(self, ctx: RequestContext) -> None:
-        """Fill in counts the backend did not report: output chunks (streams) or a tokenizer."""
-        if ctx.usage_source == "backend" or not ctx.upstream_started or ctx.tier is None:
+    def count_tokens(self, ctx: RequestContext) -> None:
+        """Fill in counts the backend did not report: output chunks (streams) or a tokenizer. Once: the
+        relay counts when it sends the client a usage chunk of its own, and the log line then says the same."""
+        if ctx.usage_source is not None or not ctx.upstream_started or ctx.tier is None:
             return
         counter = self._counters.for_spec(ctx.tier.tokenizer)
         ctx.prompt_tokens = counter.count_prompt(ctx.endpoint, ctx.body)

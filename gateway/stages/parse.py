@@ -13,6 +13,7 @@ from gateway.types import Reply
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_TOKENS_CEILING = 1 << 20  # beyond any context window we could route to
 MAX_MESSAGES = 2048
+MAX_DEPTH = 64  # nesting of the body (the object itself is 1): OpenAI's own schemas need ~20, orjson writes 254
 
 NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "temperature": (0.0, 2.0),
@@ -50,7 +51,29 @@ def _decode(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"the request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    check_depth(raw, body)
     return body
+
+
+def check_depth(raw: bytes, body: dict[str, Any]) -> None:
+    """400 naming the top-level field of `body` (decoded from `raw`) that nests deeper than MAX_DEPTH."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:  # it cannot be that deep: most bodies stop here
+        return
+    for name, value in body.items():
+        if _deeper_than(value, MAX_DEPTH - 1):
+            raise InvalidRequest(f"'{name}' is nested deeper than the limit of {MAX_DEPTH} levels", param=name,
+                                 code="too_deeply_nested")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests arrays and objects more than `limit` deep (a scalar is 0, [] is 1), level by level."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+        if not level:
+            return False
+    return bool(level)
 
 
 def _optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

@@ -9,6 +9,7 @@ of other stages (the admission limiter).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -45,12 +46,14 @@ class Retry(Exception):
 
 class ProxyStage:
     def __init__(
-        self, session: aiohttp.ClientSession, pool: ReplicaPool, watchdog: IdleWatchdog, metrics: GatewayMetrics
+        self, session: aiohttp.ClientSession, pool: ReplicaPool, watchdog: IdleWatchdog, metrics: GatewayMetrics,
+        count_tokens: Callable[[RequestContext], None],
     ) -> None:
         self._session = session
         self._pool = pool
         self._watchdog = watchdog
         self._metrics = metrics
+        self._count_tokens = count_tokens  # the account stage's counts, for a usage chunk the backend left out
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         settings = ctx.config.routes.upstream
@@ -111,7 +114,8 @@ class ProxyStage:
         scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage,
                              collect_text=ctx.cache_key is not None, limit=limit)
         idle_s = ctx.config.routes.upstream.read_timeout_s
-        return StreamReply(SseRelay(ctx, response, scanner, first, lease.release, self._watchdog, idle_s))
+        return StreamReply(SseRelay(ctx, response, scanner, first, lease.release, self._watchdog, idle_s,
+                                    self._count_tokens))
 
     async def _post(
         self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout

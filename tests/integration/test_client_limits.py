@@ -61,7 +61,8 @@ async def test_a_chunked_body_over_the_limit_is_refused_without_reading_it_all(g
     with capture_logs() as logs:
         async with aiohttp.ClientSession() as session:
             try:
-                async with session.post(f"{gateway}/v1/chat/completions", data=endless(), headers=AUTH) as response:
+                async with session.post(f"{gateway}/v1/chat/completions", data=endless(),
+                                        headers={**AUTH, "Content-Type": "application/json"}) as response:
                     status, body = response.status, await response.read()
             except aiohttp.ClientError:
                 pytest.fail("the gateway should answer 413 before dropping the connection")

@@ -55,3 +55,16 @@ def test_cli_route_explain_on_the_shipped_files() -> None:
     refused = subprocess.run([*run, "--tenant", "demo", "--prompt", "hi", "--model", "nope"], capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 2 and "404" in refused.stdout and "nope" in refused.stdout
+
+
+async def test_admin_explain_refuses_a_request_nested_too_deep(start_app: StartApp) -> None:
+    base = gateway_config([tier("small", ["http://127.0.0.1:1/v1"])])
+    data = {**base.policy.model_dump(), "admin_api_key_sha256": hashlib.sha256(ADMIN.encode()).hexdigest()}
+    url = await start_app(create_app(GatewayConfig.build(base.routes, PolicyConfig.model_validate(data))))
+    deep = b"[" * 300 + b"]" * 300  # orjson writes at most 254 levels
+    body = b'{"tenant": "test-tenant", "request": {"model": "auto", "messages": [], "x": ' + deep + b"}}"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/admin/explain", data=body, headers={
+                "Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"}) as response:
+            status, error = response.status, (await response.json(content_type=None))["error"]
+    assert (status, error["param"]) == (400, "request") and "64 levels" in error["message"]

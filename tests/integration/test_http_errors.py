@@ -1,5 +1,8 @@
 """Bad input over real HTTP: a 4xx in the OpenAI error shape naming the field, and a log line each."""
 
+import gzip
+import zlib
+
 import aiohttp
 import orjson
 import pytest
@@ -11,6 +14,7 @@ from tests.conftest import StartEmulator, StartGateway
 
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}", "Content-Type": "application/json"}
 GOOD = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+DEEP = orjson.dumps(GOOD)[:-1] + b', "x": ' + b"[" * 300 + b"]" * 300 + b"}"  # orjson writes at most 254 levels
 
 
 @pytest.fixture
@@ -23,7 +27,9 @@ async def gateway(start_emulator: StartEmulator, start_gateway: StartGateway) ->
 
 async def send(url: str, method: str, path: str, body: bytes | None, headers: dict) -> tuple[int, dict, CIMultiDict[str]]:
     async with aiohttp.ClientSession() as session:
-        async with session.request(method, url + path, data=body, headers=headers) as response:
+        skip = () if "Content-Type" in headers else ("Content-Type",)  # no header unless the case sends one
+        async with session.request(method, url + path, data=body, headers=headers,
+                                   skip_auto_headers=skip) as response:
             return response.status, orjson.loads(await response.read()), CIMultiDict(response.headers)
 
 
@@ -39,7 +45,34 @@ CASES = [
      413, None, "exceeds the limit"),
     ("missing key", orjson.dumps(GOOD), {"Content-Type": "application/json"}, 401, None, "missing API key"),
     ("wrong key", orjson.dumps(GOOD), {**AUTH, "Authorization": "Bearer nope"}, 401, None, "invalid API key"),
+    ("JSON 300 levels deep in an unknown field", DEEP, AUTH, 400, "x", "64 levels"),
+    ("text/plain", orjson.dumps(GOOD), {**AUTH, "Content-Type": "text/plain"}, 400, "Content-Type", "application/json"),
+    ("form-encoded", orjson.dumps(GOOD), {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}, 400,
+     "Content-Type", "application/json"),
+    ("gzip that is not gzip", orjson.dumps(GOOD), {**AUTH, "Content-Encoding": "gzip"}, 400, "Content-Encoding",
+     "gzip"),
+    ("truncated gzip", gzip.compress(orjson.dumps(GOOD))[:-12], {**AUTH, "Content-Encoding": "gzip"}, 400,
+     "Content-Encoding", "gzip"),
+    ("unsupported encoding", orjson.dumps(GOOD), {**AUTH, "Content-Encoding": "zstd"}, 415, "Content-Encoding",
+     "zstd"),
+    ("two encodings", orjson.dumps(GOOD), {**AUTH, "Content-Encoding": "gzip, gzip"}, 415, "Content-Encoding",
+     "gzip, gzip"),
 ]
+
+
+ACCEPTED = [
+    ("no Content-Type", orjson.dumps(GOOD), {"Authorization": AUTH["Authorization"]}),
+    ("JSON with a charset", orjson.dumps(GOOD), {**AUTH, "Content-Type": "application/json; charset=utf-8"}),
+    ("gzip", gzip.compress(orjson.dumps(GOOD)), {**AUTH, "Content-Encoding": "gzip"}),
+    ("deflate", zlib.compress(orjson.dumps(GOOD)), {**AUTH, "Content-Encoding": "deflate"}),
+    ("identity", orjson.dumps(GOOD), {**AUTH, "Content-Encoding": "identity"}),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "headers"), ACCEPTED, ids=[c[0] for c in ACCEPTED])
+async def test_accepted_content_types_and_encodings(gateway: str, name: str, body: bytes, headers: dict) -> None:
+    status, payload, _ = await send(gateway, "POST", "/v1/chat/completions", body, headers)
+    assert status == 200, payload
 
 
 @pytest.mark.parametrize(("name", "body", "headers", "status", "param", "words"), CASES, ids=[c[0] for c in CASES])

@@ -97,3 +97,70 @@ async def test_counted_prompt_tokens_equal_what_llama_cpp_reports(client: AsyncO
     plain, streamed = [e for e in logs if e["event"] == "request"]
     assert (plain["usage_source"], streamed["usage_source"]) == ("backend", "counted")
     assert streamed["prompt_tokens"] == reported.usage.prompt_tokens  # Gemma's template and vocabulary
+
+
+async def test_sdk_streams_with_usage_end_complete_and_match_the_log(client: AsyncOpenAI) -> None:
+    """Issue 18: every stream ends with a finish reason and a usage chunk equal to the log line's counts, and is
+    logged 200 ok although the SDK closes its connection right after [DONE]."""
+    from tests.integration.test_stream_endings import request_lines
+
+    usages, ids = [], []
+    with capture_logs() as logs:
+        for i in range(6):
+            stream = await client.chat.completions.create(
+                model="small-q4", messages=[{"role": "user", "content": f"Name {i + 2} colours."}], max_tokens=20,
+                stream=True, stream_options={"include_usage": True})
+            chunks = [chunk async for chunk in stream]
+            ids.append(stream.response.headers["x-request-id"])
+            assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] in (
+                ["stop"], ["length"])
+            assert chunks[-1].choices == [] and chunks[-1].usage is not None
+            usages.append(chunks[-1].usage)
+        lines = {line["request_id"]: line for line in await request_lines(logs, 6)}
+    for request_id, usage in zip(ids, usages):
+        line = lines[request_id]
+        assert (line["status"], line["outcome"], line["usage_source"]) == (200, "ok", "counted")
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (usage.prompt_tokens, usage.completion_tokens)
+        assert 0 < usage.completion_tokens <= 20 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+async def test_concurrent_streams_on_one_server_are_not_cut_short(client: AsyncOpenAI) -> None:
+    """llama-cpp-python's server interrupts a running stream when another request arrives (its default
+    `interrupt_requests`): [DONE] at once, no finish reason, the answer cut. The local launcher turns that
+    off: a request waits for the one before it, and both end as the model ended them."""
+    from tests.integration.test_stream_endings import request_lines
+
+    async def stream_one(i: int) -> None:
+        stream = await client.chat.completions.create(
+            model="large-f16", messages=[{"role": "user", "content": f"Count to {i + 20}."}], max_tokens=12,
+            stream=True, extra_body={"ignore_eos": True})
+        [chunk async for chunk in stream]
+
+    with capture_logs() as logs:
+        await asyncio.gather(*(stream_one(i) for i in range(3)))
+        lines = await request_lines(logs, 3)
+    assert [line["error"] for line in lines] == [None] * 3  # not upstream_missing_finish
+    assert all(line["finish_reason"] in ("stop", "length") and line["completion_tokens"] > 0 for line in lines)
+    assert not [entry for entry in logs if entry["event"] == "upstream_missing_finish"]
+
+
+async def test_health_probes_neither_cut_a_stream_nor_fail_a_busy_server(local_routes: RoutesConfig,
+                                                                         start_gateway: StartGateway) -> None:
+    """llama-cpp-python answers GET /v1/models behind its generation lock: a probe used to cut the running
+    stream short (no finish reason), and, with that off, waits for the answer to end and times out."""
+    from tests.integration.test_stream_endings import request_lines
+
+    balancing = local_routes.balancing.model_copy(update={"health_interval_s": 0.25})
+    routes = local_routes.model_copy(update={"balancing": balancing})
+    config = GatewayConfig.build(routes, gateway_config(list(routes.tiers)).policy)
+    client = AsyncOpenAI(base_url=f"{await start_gateway(config)}/v1", api_key=TEST_API_KEY)
+    with capture_logs() as logs:
+        for max_tokens in (120, 4):  # ~3 s on one thread, then one more once it is done
+            stream = await client.chat.completions.create(
+                model="large-f16", messages=[{"role": "user", "content": "Write a story about a lighthouse."}],
+                max_tokens=max_tokens, stream=True)
+            [chunk async for chunk in stream]
+        lines = await request_lines(logs, 2)
+    assert [(line["status"], line["error"]) for line in lines] == [(200, None)] * 2
+    assert lines[0]["completion_tokens"] > 60
+    assert not [e for e in logs if e["event"] == "replica_health_changed"]

@@ -1,9 +1,13 @@
 """Schemathesis against a live gateway on loopback (emulator backend, real Redis), driven by the
 gateway's own /openapi.json: no 5xx, every error in the OpenAI shape, statuses and bodies as
-documented, endpoints with a security scheme refuse requests without a key. Bounded examples."""
+documented, endpoints with a security scheme refuse requests without a key. Then hypothesis on what the
+schema cannot express: bodies nested hundreds of levels deep, any Content-Type, any Content-Encoding
+(with the body compressed as declared, not at all, or cut short): never a 5xx. Bounded examples."""
 
 import asyncio
+import gzip
 import hashlib
+import zlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -11,7 +15,8 @@ from concurrent.futures import Future
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import (  # type: ignore[attr-defined]  (registered checks, looked up by name)
     content_type_conformance, ignored_auth, not_a_server_error, response_schema_conformance, status_code_conformance,
 )
@@ -91,3 +96,57 @@ def test_the_served_document_names_the_models_and_limits(live_gateway: str) -> N
     assert body["properties"]["model"]["enum"] == ["auto", "t", "u"]
     assert body["properties"]["messages"]["maxItems"] == 2048
     assert body["properties"]["temperature"]["maximum"] == 2.0
+
+
+def nested_json(kinds: list[bool], leaf: str) -> str:
+    """Arrays (False) and objects (True) one inside the other, as JSON text: orjson writes no more than
+    254 levels, a client may send any number."""
+    opened = "".join('{"k": ' if is_object else "[" for is_object in kinds)
+    return opened + leaf + "".join("}" if is_object else "]" for is_object in reversed(kinds))
+
+
+GOOD_BODY = '{"model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2'
+CONTENT_TYPES = st.one_of(
+    st.sampled_from([None, "application/json", "application/json; charset=utf-8", "text/plain", "",
+                     "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/*",
+                     "application/vnd.api+json", "text/json", "APPLICATION/JSON"]),
+    st.text(st.characters(codec="latin-1", exclude_categories=("Cc",)), max_size=40).map(str.strip),
+)
+ENCODINGS = st.sampled_from([None, "identity", "gzip", "deflate", "br", "zstd", "compress", "gzip, gzip",
+                             "GZIP", "x-gzip", "*", "gzip;q=1"])
+
+
+@st.composite
+def hostile_requests(draw: st.DrawFn) -> tuple[bytes, dict[str, str]]:
+    """A chat body (deeply nested fields or not) with any Content-Type and Content-Encoding, the body
+    compressed as declared, or not, or cut short."""
+    depth = draw(st.integers(0, 400))
+    field = draw(st.sampled_from(["x", "tools", "response_format", "messages", "metadata"]))
+    kinds = draw(st.lists(st.booleans(), min_size=depth, max_size=depth))
+    body = (GOOD_BODY + f', "{field}": {nested_json(kinds, draw(st.sampled_from(["0", chr(34) * 2, "null"])))}}}'
+            ).encode()
+    encoding = draw(ENCODINGS)
+    encode = draw(st.sampled_from(["as declared", "plain", "cut"]))
+    if encode != "plain" and encoding and encoding.lower() in ("gzip", "deflate"):
+        body = gzip.compress(body) if encoding.lower() == "gzip" else zlib.compress(body)
+        body = body[: len(body) // 2] if encode == "cut" else body
+    headers = {"Authorization": f"Bearer {TEST_API_KEY}"}
+    content_type = draw(CONTENT_TYPES)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    if encoding is not None:
+        headers["Content-Encoding"] = encoding
+    return body, headers
+
+
+@given(hostile_requests())
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def test_hostile_bodies_and_headers_never_get_a_5xx(live_gateway: str, hostile: tuple[bytes, dict[str, str]]) -> None:
+    body, headers = hostile  # requests sends no Content-Type of its own for bytes
+    response = requests.post(f"{live_gateway}/v1/chat/completions", data=body, headers=headers, timeout=10)
+    assert response.status_code < 500, (response.status_code, response.text[:300], headers)
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == ERROR_FIELDS and error["message"], error
+    else:
+        assert response.json()["choices"]

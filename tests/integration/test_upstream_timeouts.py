@@ -56,11 +56,11 @@ async def test_a_stream_that_goes_quiet_ends_with_an_idle_timeout(start_app: Sta
 async def test_no_first_byte_in_time_fails_over_to_the_next_replica(start_app: StartApp,
                                                                     start_gateway: StartGateway) -> None:
     slow = await start_app(upstream(10.0, [content("never")], then_stall_s=0))
-    fast = await start_app(upstream(0.0, [content("ok")], then_stall_s=0))
+    fast = await start_app(upstream(0.0, [content("ok", "stop")], then_stall_s=0))
     config = gateway_config([tier("t", [f"{slow}/v1", f"{fast}/v1"])], upstream={"read_timeout_s": 0.3})
     gateway = await start_gateway(config)
     with capture_logs() as logs:
         got = await stream(gateway)
-    assert got == content("ok") + b"data: [DONE]\n\n"
+    assert got == content("ok", "stop") + b"data: [DONE]\n\n"
     line = next(e for e in logs if e["event"] == "request")
     assert (line["attempts"], line["backend"], line["outcome"]) == (2, "t-1", "ok")

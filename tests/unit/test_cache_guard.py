@@ -137,3 +137,17 @@ async def test_one_stall_that_times_out_many_calls_at_once_does_not_switch_redis
         return 2
 
     assert await guard.run("get", fast) == 2
+
+
+async def test_a_redis_that_answers_late_every_time_is_slow_not_down() -> None:
+    """Each call times out, but its reply does arrive: Redis is alive, so it is never marked down."""
+    guard = RedisGuard(Redis(port=1), op_timeout_s=0.01, down_after_s=0.0, timeouts_to_down=3)
+
+    async def late() -> int:
+        await asyncio.sleep(0.03)
+        return 1
+
+    for _ in range(5):
+        assert await guard.run("get", late) is None
+        await asyncio.sleep(0.04)  # the reply lands before the next call
+    assert guard.up

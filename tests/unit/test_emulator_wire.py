@@ -40,7 +40,9 @@ def test_fault_config_from_dict_validates() -> None:
     cfg = FaultConfig.from_dict({"stall_s": 0.5, "disconnect_after_tokens": 3, "malformed_sse": True})
     assert (cfg.stall_s, cfg.disconnect_after_tokens, cfg.malformed_sse) == (0.5, 3, True)
     bad: object
-    for bad in ({"nope": 1}, {"error_rate": 2.0}, {"error_rate": "x"}, {"malformed_sse": 1}, []):
+    llama_like = FaultConfig.from_dict({"omit_finish_reason": True, "omit_usage": True})
+    assert (llama_like.omit_finish_reason, llama_like.omit_usage) == (True, True)
+    for bad in ({"nope": 1}, {"error_rate": 2.0}, {"error_rate": "x"}, {"malformed_sse": 1}, {"omit_usage": 1}, []):
         with pytest.raises(ValueError):
             FaultConfig.from_dict(bad)
 

@@ -1,5 +1,6 @@
 """Each malformed body is refused with a 4xx that names the field at fault."""
 
+import json
 import time
 from typing import Any
 
@@ -97,3 +98,31 @@ async def test_prompt_text_joins_text_parts() -> None:
         {"role": "assistant", "content": None, "tool_calls": []},
     ]})
     assert ctx.prompt_text() == "be brief\npart one"
+
+
+MAX_DEPTH = 64  # README: JSON may nest at most 64 levels (the body object is one)
+
+
+def nested(depth: int) -> Any:
+    """`depth` arrays, one inside the other: [[[...]]]."""
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("field", ["x", "messages", "tools"])
+async def test_a_body_nested_beyond_the_limit_is_refused_naming_the_field(field: str) -> None:
+    body = {**CHAT, field: nested(300)} if field != "messages" else {
+        "model": "auto", "messages": [{"role": "user", "content": "hi", "x": nested(300)}]}
+    with pytest.raises(InvalidRequest) as caught:
+        await parse(json.dumps(body).encode())  # orjson writes no more than 254 levels
+    assert caught.value.status == 400 and caught.value.param == field
+    assert f"{MAX_DEPTH} levels" in caught.value.message
+
+
+async def test_a_body_nested_up_to_the_limit_is_accepted_and_encodes_again() -> None:
+    ctx = await parse({**CHAT, "x": nested(MAX_DEPTH - 1)})  # the body object is one level
+    assert orjson.loads(orjson.dumps(ctx.body)) == ctx.body
+    with pytest.raises(InvalidRequest):
+        await parse({**CHAT, "x": nested(MAX_DEPTH)})

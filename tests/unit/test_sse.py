@@ -23,7 +23,7 @@ STREAM_WITHOUT_USAGE = STREAM.replace(chat_event(usage=USAGE, choices=False), b"
 def test_any_chunking_forwards_the_same_bytes_and_tally(size: int) -> None:
     scanner = SseScanner("chat", forward_usage=True)
     out = b"".join(scanner.feed(STREAM[i:i + size]) for i in range(0, len(STREAM), size))
-    assert out == STREAM
+    assert out + scanner.ending() == STREAM  # [DONE] is held back: the relay ends the stream
     assert scanner.tally.content_chunks == 3
     assert scanner.tally.finish_reason == "stop"
     assert scanner.tally.usage == USAGE
@@ -33,7 +33,7 @@ def test_any_chunking_forwards_the_same_bytes_and_tally(size: int) -> None:
 
 def test_usage_only_event_is_dropped_unless_the_client_asked() -> None:
     scanner = SseScanner("chat", forward_usage=False)
-    assert scanner.feed(STREAM) == STREAM_WITHOUT_USAGE
+    assert scanner.feed(STREAM) + scanner.ending() == STREAM_WITHOUT_USAGE
     assert scanner.tally.usage == USAGE
 
 
@@ -84,7 +84,7 @@ def test_a_token_limit_stops_forwarding_after_the_nth_content_chunk() -> None:
     assert out == chat_event("Hel") + chat_event("lo")
     assert scanner.tally.capped and scanner.tally.content_chunks == 2
     assert scanner.feed(chat_event("more")) == b""
-    ending = scanner.ending()
+    ending = scanner.ending("length")
     assert b'"finish_reason":"length"' in ending and ending.endswith(b"data: [DONE]\n\n")
 
 
@@ -95,3 +95,20 @@ def test_a_char_limit_trims_the_chunk_that_crosses_it() -> None:
     out = scanner.feed(STREAM)
     texts = [orjson.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n") if e]
     assert texts == ["Hel", "l"] and scanner.tally.capped and scanner.tally.content_chars == 4
+
+
+def test_nothing_is_forwarded_from_done_on() -> None:
+    scanner = SseScanner("chat", forward_usage=True)
+    assert scanner.feed(chat_event("a") + b"data: [DONE]\n\n" + chat_event("late")) == chat_event("a")
+    assert scanner.tally.done and scanner.tally.content_chunks == 1
+
+
+def test_the_ending_supplies_a_finish_chunk_and_usage_before_done() -> None:
+    scanner = SseScanner("completions", forward_usage=True)
+    scanner.feed(b'data: {"id": "c9", "object": "text_completion", "choices": [{"text": "hi"}]}\n\n')
+    usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    finish, counted, done = scanner.ending("stop", usage).split(b"\n\n")[:3]
+    assert orjson.loads(finish[6:]) == {"id": "c9", "object": "text_completion",
+                                        "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
+    assert orjson.loads(counted[6:]) == {"id": "c9", "object": "text_completion", "choices": [], "usage": usage}
+    assert done == b"data: [DONE]"

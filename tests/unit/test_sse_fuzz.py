@@ -12,7 +12,7 @@ TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_siz
 
 @st.composite
 def events(draw: st.DrawFn) -> tuple[bytes, bool]:
-    """One SSE event (without its terminating blank line) and whether it is malformed data."""
+    """One SSE event (without its terminating blank line) and whether it is dropped (malformed data)."""
     kind = draw(st.sampled_from(["content", "content", "multiline", "comment", "finish", "usage", "malformed"]))
     if kind == "comment":
         return b": " + draw(TEXT).replace("\r", "").replace("\n", "").encode(), False
@@ -37,9 +37,9 @@ def streams(draw: st.DrawFn) -> tuple[bytes, bytes, list[int]]:
     crlf = draw(st.booleans())
     done = draw(st.booleans())
     wire, expected = b"", b""
-    for event, malformed in drawn + ([(b"data: [DONE]", False)] if done else []):
+    for event, malformed in drawn + ([(b"data: [DONE]", True)] if done else []):
         wire += (event + b"\n\n").replace(b"\n", b"\r\n") if crlf else event + b"\n\n"
-        expected += b"" if malformed else event + b"\n\n"  # CRLF comes out as LF
+        expected += b"" if malformed else event + b"\n\n"  # CRLF comes out as LF; [DONE] is held back
     cuts = sorted(draw(st.lists(st.integers(0, len(wire)), max_size=20)))
     return wire, expected, cuts
 
