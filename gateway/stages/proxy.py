@@ -130,8 +130,10 @@ class ProxyStage:
             return await self._session.post(
                 replica.url + PATHS[ctx.endpoint], data=orjson.dumps(body), headers=headers, timeout=timeout
             )
-        except TimeoutError:
+        except aiohttp.ConnectionTimeoutError:
             raise Retry(UpstreamTimeout(f"backend {replica.name} did not connect in time")) from None
+        except TimeoutError:  # connected, but no response head within read_timeout_s (a stuck or busy backend)
+            raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
         except aiohttp.ClientError as err:
             raise Retry(UpstreamError(f"backend {replica.name} is unreachable: {type(err).__name__}")) from None
 

@@ -43,19 +43,20 @@ class Fault:
     error: str  # the log line's `error`
     retry_after: str | None = None
     upstream: dict | None = None  # routes `upstream` settings
+    message: str = ""  # a part of the error message the client must see
 
 
 BACKEND_FAULTS = [
-    Fault("refuses connections", None, False, 502, "upstream_error", "upstream_error"),
-    Fault("refuses connections", None, True, 502, "upstream_error", "upstream_error"),
+    Fault("refuses connections", None, False, 502, "upstream_error", "upstream_error", message="is unreachable"),
+    Fault("refuses connections", None, True, 502, "upstream_error", "upstream_error", message="is unreachable"),
     Fault("answers 500", FaultConfig(error_rate=1.0), False, 502, "upstream_error", "upstream_error"),
     Fault("answers 500", FaultConfig(error_rate=1.0), True, 502, "upstream_error", "upstream_error"),
     Fault("answers 429 + Retry-After", FaultConfig(rate_limit_rate=1.0, retry_after_s=7), True, 503,
           "upstream_error", "upstream_error", retry_after="7"),
     Fault("stalls before the first token", FaultConfig(stall_s=5.0), False, 504, "upstream_error", "upstream_error",
-          upstream={"read_timeout_s": 0.3}),
+          upstream={"read_timeout_s": 0.3}, message="sent no first byte in time"),
     Fault("stalls before the first token", FaultConfig(stall_s=5.0), True, 504, "upstream_error", "upstream_error",
-          upstream={"read_timeout_s": 0.3}),
+          upstream={"read_timeout_s": 0.3}, message="sent no first byte in time"),
     Fault("resets mid-answer", FaultConfig(disconnect_after_tokens=3), False, 502, "upstream_error", "upstream_error"),
     Fault("sends a malformed answer", FaultConfig(malformed_sse=True), False, 502, "upstream_error", "upstream_error"),
     Fault("sends malformed SSE", FaultConfig(malformed_sse=True), True, 200, "ok", "upstream_malformed_events"),
@@ -97,6 +98,7 @@ async def test_a_backend_fault_reaches_the_client_as_documented(start_emulator: 
     if status != 200:
         error = orjson.loads(body)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["type"] == "upstream_error"
+        assert fault.message in error["message"]
     else:  # the garbage event is dropped, the rest arrives whole
         assert b"malformed" not in body and body.endswith(b"data: [DONE]\n\n")
     [line] = request_lines(logs)
