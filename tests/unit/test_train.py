@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from gateway.classifier.encoder import DIFFICULTY, EncoderSession, default_model_path
 from gateway.classifier.head import HeadSession, log_chars
-from gateway.classifier.train import L2_GRID, hash_split, load_labeled, platt, row_label, run_train
+from gateway.classifier.train import L2_GRID, fit_target, hash_split, load_labeled, platt, row_label, run_train
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
@@ -129,3 +130,17 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     data = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a"}, {"prompt": "b", "label": 0.3}])
     assert run_train(["--data", str(data), "--out", str(tmp_path / "m")]) == 2
     assert "rows [1] have no label" in capsys.readouterr().err
+
+
+def test_the_hard_target_binarizes_at_the_hard_cut_and_metrics_use_it(tmp_path: Path) -> None:
+    levels = np.array([0.0, 0.25, 0.5, 0.75, 1.0])  # rubric levels 1..5
+    hard = argparse.Namespace(target="hard", hard_at=0.75)
+    assert fit_target(levels, hard).tolist() == [0, 0, 0, 1, 1]
+    assert fit_target(levels, argparse.Namespace(target="label", hard_at=0.75)).tolist() == levels.tolist()
+    data = write_jsonl(tmp_path / "synthetic.jsonl", synthetic_rows(60))
+    args = ["--data", str(data), "--heldout-share", "0.3", "--val-folds", "3", "--threads", "1", "--out",
+            str(tmp_path / "m"), "--hard-at", "0.75", "--target", "hard", "--embed-cache", str(tmp_path / "cache")]
+    assert run_train(args) == 0
+    metrics = json.loads((tmp_path / "m" / "metrics.json").read_text())
+    assert metrics["hard_at"] == 0.75 and metrics["heldout"]["hard_at"] == 0.75
+    assert metrics["training"]["target"] == "hard" and set(metrics["heldout"]["auc_by_cut"]) == {"0.5", "0.75", "1"}
