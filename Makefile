@@ -5,14 +5,18 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run run-emulated test typecheck bench bench-compare clean
+.PHONY: run run-emulated test typecheck bench bench-compare clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# llama-cpp-python: the library and its server only; the multimodal library (mtmd: clip, image and audio
+# encoders) is not built, the gateway serves text (measured in docs/BENCHMARKS.md, "Setup time")
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev,local,train]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[dev,local,train]'
 	touch $@
 
 run: $(VENV)/.installed
@@ -21,7 +25,12 @@ run: $(VENV)/.installed
 run-emulated: $(VENV)/.installed
 	$(BIN)/gateway up --routes routes/emulator.yaml --policies policies/emulator.yaml
 
-test: $(VENV)/.installed
+# the dashboard's browser test needs Debian's Chromium: installed with apt when missing
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
+	  $$s apt-get update -qq && $$s apt-get install -y -qq chromium >/dev/null; }
+
+test: $(VENV)/.installed chromium
 	$(BIN)/pytest
 
 typecheck: $(VENV)/.installed

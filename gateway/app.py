@@ -34,6 +34,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.stages.account import Accountant
 from gateway.stages.cache import CacheStage
 from gateway.stages.classify import ClassifyStage
+from gateway.stages.embed import EmbedStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
@@ -41,8 +42,9 @@ from gateway.stages.route import RouteStage
 from gateway.tokens import TokenCounters
 from gateway.types import DifficultyScorer, Stage
 
-if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded
+if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded, OpenTelemetry when tracing is on
     from gateway.classifier.embedder import CachedEmbedder
+    from gateway.tracing import Tracing
 
 BODY_CEILING = 64 * 1024 * 1024  # hard cap; the policy's max_body_bytes is the real limit
 
@@ -61,6 +63,7 @@ class Gateway:
     scorer: DifficultyScorer | None = None
     responses: ResponseCache | None = None
     replicas: Replicas | None = None
+    tracing: Tracing | None = None
 
     def serve(self, config: GatewayConfig) -> None:
         """Swap in a new config version: requests that start from now on use it."""
@@ -78,6 +81,7 @@ def create_app(
     `redis_url` enables the caches (None: no Redis, nothing cached); `config_files` (routes, policy) are
     watched and hot-reloaded (None: the config is fixed)."""
     from gateway import admin, http  # the handlers import GATEWAY from here
+    from gateway.dashboard import routes as dashboard
 
     metrics = GatewayMetrics()
     gateway = Gateway(config, Accountant(TokenCounters(), metrics), metrics, ReplicaPool(), scorer=scorer)
@@ -100,12 +104,15 @@ def create_app(
                 affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
                 if (shared := _share_embeddings(scorer, gateway.redis, responses, writes)) is not None:
                     semantic, sentences = shared
+            if sentences is None and any(t.embedder for t in config.routes.tiers):
+                sentences = _sentences(scorer, gateway.redis)
             stages: list[Stage] = [
                 ParseStage(), PolicyStage(_limiter(gateway, writes)), ClassifyStage(scorer),
                 RouteStage(gateway.pool), CacheStage(responses, semantic), *([affinity] if affinity else []),
             ]
             watchdog = IdleWatchdog()
             gateway.stages = (*stages, AdmissionStage(gateway.pool, metrics),
+                              EmbedStage(sentences, gateway.accountant.count_tokens),
                               ProxyStage(session, gateway.pool, watchdog, metrics, gateway.accountant.count_tokens))
             stop_watching = asyncio.Event()
             idle_sweeps, loops = _background(gateway, session, watchdog, stop_watching)
@@ -122,9 +129,22 @@ def create_app(
                     await gateway.redis.client.aclose()
 
     app.cleanup_ctx.append(resources)
+    app.cleanup_ctx.append(_traces)
     admin.add_routes(app)
+    dashboard.add_routes(app)
     http.add_routes(app)  # last: its catch-all answers unknown paths
     return app
+
+
+async def _traces(app: web.Application) -> AsyncIterator[None]:
+    """OpenTelemetry, when on: the exporter starts with the app, and what is left is sent when it stops."""
+    from gateway.tracing import open_tracing
+
+    gateway = app[GATEWAY]
+    gateway.tracing = open_tracing(gateway.config.routes.tracing)
+    yield
+    if gateway.tracing is not None:
+        await asyncio.to_thread(gateway.tracing.shutdown)
 
 
 def _limiter(gateway: Gateway, writes: BackgroundWrites) -> Limiter:
@@ -145,16 +165,25 @@ def _background(gateway: Gateway, session: aiohttp.ClientSession, watchdog: Idle
     return asyncio.create_task(watchdog.run()), [asyncio.create_task(loop) for loop in loops]
 
 
+def _sentences(scorer: DifficultyScorer | None, guard: RedisGuard | None) -> CachedEmbedder:
+    """The MiniLM sentence encoder of the embedding tiers (opened on first use), on the classifier's provider,
+    behind the Redis embedding cache when there is Redis."""
+    from gateway.classifier.difficulty import sentence_embedder
+
+    provider = str(getattr(scorer, "provider", "CPUExecutionProvider"))
+    return sentence_embedder(provider, store=EmbeddingStore(guard) if guard is not None else None)
+
+
 def _share_embeddings(scorer: DifficultyScorer | None, guard: RedisGuard, responses: ResponseCache,
                       writes: BackgroundWrites) -> tuple[SemanticCache, CachedEmbedder] | None:
     """With the trained classifier: its features go to Redis (shared by gateway replicas), and the
     semantic cache gets the sentence encoder (opened when a policy first uses it), on the same provider.
     Without the classifier there is no semantic cache."""
-    from gateway.classifier.difficulty import DifficultyClassifier, sentence_embedder
+    from gateway.classifier.difficulty import DifficultyClassifier
 
     if not isinstance(scorer, DifficultyClassifier):
         return None
     store = EmbeddingStore(guard)
     scorer.embedder.store = store
-    sentences = sentence_embedder(scorer.provider, store=store)
+    sentences = _sentences(scorer, guard)
     return SemanticCache(SemanticIndex(guard, op_timeout_s=0.02), sentences.embedding, responses, writes), sentences

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
 from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, Endpoint, Outcome, UsageSource
+
+if TYPE_CHECKING:
+    from gateway.protocols.base import Wire
+    from gateway.tracing import RequestTrace
 
 
 @dataclass(slots=True)
@@ -20,6 +24,7 @@ class RequestContext:
     api_key: str | None
     started: float  # time.perf_counter() when the request reached the gateway
     ts: float  # wall-clock time of the same moment
+    wire: Wire | None = None  # the client's protocol when not OpenAI chat/completions (translated at the edge)
 
     body: dict[str, Any] = field(default_factory=dict)
     model_requested: str | None = None
@@ -60,6 +65,7 @@ class RequestContext:
     cache_key: str | None = None  # set on a miss that may be stored
     finishers: list[Callable[[RequestContext], None]] = field(default_factory=list)  # after accounting
     first_byte_hooks: list[Callable[[float], None]] = field(default_factory=list)  # the upstream answered
+    trace: RequestTrace | None = None  # the request's OpenTelemetry trace, when tracing is on
     _prompt_text: str | None = None
 
     @property

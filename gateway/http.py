@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 import time
 
 import orjson
@@ -20,11 +20,13 @@ from gateway.body import JSON, read_body
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, UpstreamError, error_body
 from gateway.openapi import openapi_spec
 from gateway.pipeline import run_stages
+from gateway.protocols import WIRES
+from gateway.protocols.base import Wire, render
 from gateway.server import LIFECYCLE
 from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-POST_PATHS = ("/v1/chat/completions", "/v1/completions")
+POST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings")
 
 log = structlog.get_logger("gateway.http")
 _ID_PREFIX = os.urandom(6).hex()  # per process: ids stay unique across gateway replicas
@@ -39,6 +41,9 @@ def next_request_id() -> str:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
+    for path, wire in WIRES.items():
+        app.router.add_post(path, _translated(wire))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -55,16 +60,31 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await serve(request, "completions")
 
 
-async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+def _translated(wire: Wire) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await serve(request, "chat", wire)
+
+    return handler
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await serve(request, "embeddings")
+
+
+async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = None) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    ctx = RequestContext(
-        next_request_id(), endpoint, gateway.config, b"", _bearer(request), time.perf_counter(), time.time()
-    )
+    key = _bearer(request) or (request.headers.get(wire.key_header) if wire and wire.key_header else None)
+    ctx = RequestContext(next_request_id(), endpoint, gateway.config, b"", key, time.perf_counter(), time.time(), wire)
+    if gateway.tracing is not None:
+        ctx.trace = gateway.tracing.start(request.headers, ctx)
+        ctx.finishers.append(ctx.trace.finish)
     gateway.metrics.in_flight.inc()
     reply = None
     try:
         ctx.raw_body = await read_body(request, ctx.config.policy.max_body_bytes)
         reply = await run_stages(gateway.stages, ctx)
+        if wire is not None:
+            reply = render(wire, ctx, reply, gateway.accountant.count_tokens)
         if isinstance(reply, StreamReply):
             return await _stream(request, ctx, reply)
         ctx.status = reply.status
@@ -157,7 +177,8 @@ def _error(ctx: RequestContext, err: GatewayError, outcome: Outcome) -> web.Resp
     ctx.outcome = outcome
     ctx.error = ctx.error or err.code or err.type
     headers = _headers(ctx, err.headers())
-    return web.Response(body=error_body(err), status=err.status, headers=headers, content_type=JSON)
+    body = error_body(err) if ctx.wire is None else ctx.wire.error_body(err)
+    return web.Response(body=body, status=err.status, headers=headers, content_type=JSON)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -200,4 +221,6 @@ async def not_found(request: web.Request) -> web.Response:
         err = MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use POST")
     else:
         err = NotFound(f"no route for {request.method} {request.path}")
-    return web.Response(body=error_body(err), status=err.status, content_type=JSON)
+    wire = WIRES.get(request.path)
+    body = error_body(err) if wire is None else wire.error_body(err)
+    return web.Response(body=body, status=err.status, content_type=JSON)

@@ -6,6 +6,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.dashboard.series import OutcomeSeries
+from gateway.dashboard.window import LiveWindow
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
@@ -68,6 +71,8 @@ class GatewayMetrics:
             "redis.expected_replicas)", registry=self.registry,
         )
         self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any, Any]] = {}
+        self.live = LiveWindow()  # the dashboard's rolling 15 minutes, in process
+        self.outcomes = OutcomeSeries(self.registry)  # the same panels for Grafana
 
     def observe(
         self, tier: str, status: int, e2e_s: float, ttft_s: float | None, tpot_s: float | None, cost: float

@@ -23,6 +23,12 @@ ERROR: Schema = {
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
     }},
 }
+ANTHROPIC_ERROR: Schema = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}},
+}
 STOP: Schema = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4},
                           {"type": "null"}]}
 MESSAGE: Schema = {"anyOf": [
@@ -51,16 +57,20 @@ ERROR_STATUSES = {
 
 def openapi_spec(config: GatewayConfig) -> Schema:
     """The OpenAPI document for a gateway serving `config`."""
-    models = [AUTO_MODEL, *config.tiers]
+    models = [AUTO_MODEL, *(name for name, tier in config.tiers.items() if tier.embedder is None)]
+    embedders = [name for name, tier in config.tiers.items() if tier.embedder is not None]
     bearer: list[Schema] = [{"apiKey": []}]
     return {
         "openapi": "3.1.0",
         "info": {"title": "gateway", "version": config.version,
-                 "description": "OpenAI-compatible routing gateway: chat and text completions, streaming or not."},
+                 "description": "OpenAI-compatible routing gateway: chat and text completions, OpenAI Responses, "
+                                "Anthropic Messages (streaming or not) and embeddings."},
         "paths": {
             "/v1/chat/completions": {"post": _completion("chat", models, bearer)},
             "/v1/completions": {"post": _completion("completions", models, bearer)},
-            "/v1/models": {"get": _get("the models: auto and each tier", _json({"type": "object"}))},
+            **_translated(models, embedders, bearer),
+            "/v1/models": {"get": _get("the models: auto and each tier (embedding tiers too)",
+                                       _json({"type": "object"}))},
             "/healthz": {"get": _get("liveness", _json({"type": "object"}))},
             "/readyz": {"get": {**_get("readiness", _json({"type": "object"})),
                                 "responses": {"200": _json({"type": "object"}, "ready"),
@@ -80,8 +90,9 @@ def openapi_spec(config: GatewayConfig) -> Schema:
             }},
         },
         "components": {
-            "schemas": {"Error": ERROR},
+            "schemas": {"Error": ERROR, "AnthropicError": ANTHROPIC_ERROR},
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"},
+                                "anthropicKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
                                 "adminKey": {"type": "http", "scheme": "bearer"}},
         },
     }
@@ -109,16 +120,52 @@ def _completion(endpoint: str, models: list[str], security: list[Schema]) -> Sch
         required = ["model", "prompt"]
     body = {"type": "object", "required": required, "properties": properties, "additionalProperties": True,
             "dependentSchemas": {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}}
-    ok = {"description": "the answer: JSON, or server-sent events when `stream` is true", "content": {
-        "application/json": {"schema": {"type": "object"}},
-        "text/event-stream": {"schema": SSE_EVENT},
-    }}
+    return _post("chat completion" if endpoint == "chat" else "text completion", body, security)
+
+
+def _post(summary: str, body: Schema, security: list[Schema], error: str = "Error", stream: bool = True) -> Schema:
+    """A POST endpoint answering JSON (or server-sent events), its errors in the `error` schema."""
+    content: Schema = {"application/json": {"schema": {"type": "object"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": SSE_EVENT}
+    ok = {"description": "the answer: JSON, or server-sent events when `stream` is true", "content": content}
     return {
-        "summary": "chat completion" if endpoint == "chat" else "text completion",
-        "security": security,
+        "summary": summary, "security": security,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": {"200": ok, **{status: _error(why) for status, why in ERROR_STATUSES.items()}},
+        "responses": {"200": ok, **{status: _error(why, error) for status, why in ERROR_STATUSES.items()}},
     }
+
+
+def _translated(models: list[str], embedders: list[str], bearer: list[Schema]) -> Schema:
+    """The paths of the other protocols: OpenAI Responses, Anthropic Messages, embeddings."""
+    sampling = {name: {"type": ["number", "null"], "minimum": low, "maximum": high}
+                for name, (low, high) in NUMBER_RANGES.items() if name in ("temperature", "top_p")}
+    tokens = {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_CEILING}
+    texts: Schema = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+    responses = {"type": "object", "required": ["model", "input"], "additionalProperties": True, "properties": {
+        "model": {"enum": models}, "input": texts, "instructions": {"type": ["string", "null"]},
+        "max_output_tokens": {**tokens, "type": ["integer", "null"]}, "stream": {"type": ["boolean", "null"]},
+        "metadata": {"type": ["object", "null"]}, "user": {"type": ["string", "null"]}, **sampling,
+        "previous_response_id": {"type": "null"}, "store": {"enum": [False, None]}}}
+    messages = {"type": "object", "required": ["model", "max_tokens", "messages"], "additionalProperties": True,
+                "properties": {"model": {"enum": models}, "max_tokens": tokens, "system": texts,
+                               "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+                               "stop_sequences": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+                               "stream": {"type": "boolean"}, **sampling}}
+    inputs = {"anyOf": [{"type": "string", "minLength": 1},
+                        {"type": "array", "minItems": 1, "maxItems": 2048,
+                         "items": {"type": "string", "minLength": 1}}]}
+    embeddings = {"type": "object", "required": ["model", "input"], "additionalProperties": True, "properties": {
+        "model": {"enum": [AUTO_MODEL, *embedders]}, "input": inputs, "encoding_format": {"enum": ["float", "base64"]},
+        "dimensions": {"const": 384}, "user": {"type": "string"}}}
+    anthropic: list[Schema] = [{"anthropicKey": []}, *bearer]
+    paths = {"/v1/responses": {"post": _post("OpenAI Responses (stateless), via chat completions", responses, bearer)},
+             "/v1/messages": {"post": _post("Anthropic Messages, via chat completions", messages, anthropic,
+                                            "AnthropicError")}}
+    if embedders:
+        paths["/v1/embeddings"] = {"post": _post("embeddings of the in-process encoder", embeddings, bearer,
+                                                 stream=False)}
+    return paths
 
 
 def _admin_responses() -> Schema:
@@ -134,5 +181,5 @@ def _json(schema: Schema, description: str = "OK") -> Schema:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _error(description: str) -> Schema:
-    return _json({"$ref": "#/components/schemas/Error"}, description)
+def _error(description: str, schema: str = "Error") -> Schema:
+    return _json({"$ref": f"#/components/schemas/{schema}"}, description)

@@ -91,10 +91,16 @@ class SseScanner:
             return None  # the relay ends the stream: see `ending`
         try:
             chunk = orjson.loads(payload)
-            choices = chunk.get("choices")
-        except (orjson.JSONDecodeError, AttributeError):
+        except orjson.JSONDecodeError:
+            chunk = None
+        if not isinstance(chunk, dict):
             self.tally.malformed += 1
             return None
+        return self._tally_chunk(chunk, raw)
+
+    def _tally_chunk(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        """Tally one parsed chat chunk (a subclass reads another protocol's events)."""
+        choices = chunk.get("choices")
         if not self.tally.head:
             self.tally.head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         usage = chunk.get("usage")

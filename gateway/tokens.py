@@ -27,8 +27,8 @@ def default_tokenizer_path() -> Path:
 
 def prompt_text(endpoint: Endpoint, body: dict[str, Any]) -> str:
     """The prompt's text: a completion prompt, or the messages' text parts joined by newlines."""
-    if endpoint == "completions":
-        prompt = body.get("prompt")
+    if endpoint != "chat":  # a completion prompt, or the inputs to embed
+        prompt = body.get("prompt" if endpoint == "completions" else "input")
         return prompt if isinstance(prompt, str) else "\n".join(p for p in prompt or () if isinstance(p, str))
     parts: list[str] = []
     for message in body.get("messages", ()):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     from gateway.context import RequestContext
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "embeddings"]
 UsageSource = Literal["backend", "counted", "cache"]
 CacheStatus = Literal["off", "bypass", "miss", "hit", "semantic_hit"]
 Outcome = Literal["ok", "rejected", "upstream_error", "client_disconnected", "internal_error"]

@@ -27,6 +27,11 @@ class AdmissionStage:
         self._metrics = metrics
         self._gates: dict[str, TierGate] = {}
 
+    @property
+    def gates(self) -> dict[str, TierGate]:
+        """The tiers' gates so far (the dashboard reads their limits and queues)."""
+        return self._gates
+
     def gate(self, ctx: RequestContext, tier: Tier) -> TierGate:
         settings = ctx.config.routes.admission
         gate = self._gates.get(tier.name)

@@ -82,36 +82,50 @@ class CachedEmbedder:
 
     async def embedding(self, text: str) -> Embedding:
         """The prompt's read-only embedding (384,)."""
-        key = cache_key(text)
-        if (hit := self.cache.get(key)) is not None:
-            return hit
-        shared_key = f"{self.namespace}:{key}"
-        if self.store is not None and (shared := await self._from_store(self.store, shared_key)) is not None:
-            self.store_hits += 1
-            return self.cache.put(key, shared)
-        embedding = self.cache.put(key, await self.batcher.embed(text))
-        self.encoded += 1
-        if self.store is not None:
-            task = asyncio.get_running_loop().create_task(self._to_store(self.store, shared_key, embedding))
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
+        (embedding,), _ = await self.embed_many([text])
         return embedding
 
-    @staticmethod
-    async def _from_store(store: SharedEmbeddings, key: str) -> Embedding | None:
-        try:
-            (found,) = await store.get_many([key])
-        except Exception as err:  # the store is an accelerator: a failure is a miss
-            log.warning("embedding_store_get_failed", error=f"{type(err).__name__}: {err}")
-            return None
-        if found is None or np.shape(found) != (EMBEDDING_DIM,):
-            return None
-        return np.asarray(found, dtype=np.float32)
+    async def embed_many(self, texts: Sequence[str]) -> tuple[list[Embedding], int]:
+        """Each text's read-only embedding, and how many texts the encoder computed (the others were cached;
+        a text repeated in `texts` is encoded once). The store is asked once for all LRU misses."""
+        keys = [cache_key(text) for text in texts]
+        found: dict[str, Embedding] = {}
+        for key in keys:
+            if key not in found and (hit := self.cache.get(key)) is not None:
+                found[key] = hit
+        missing = {key: text for key, text in zip(keys, texts) if key not in found}
+        if missing and self.store is not None:
+            shared = await self._from_store(self.store, [f"{self.namespace}:{key}" for key in missing])
+            for key, vector in zip(list(missing), shared):
+                if vector is not None:
+                    self.store_hits += 1
+                    found[key] = self.cache.put(key, vector)
+                    del missing[key]
+        encoded = await asyncio.gather(*(self.batcher.embed(text) for text in missing.values()))
+        for key, vector in zip(missing, encoded):
+            found[key] = self.cache.put(key, vector)
+        self.encoded += len(missing)
+        if missing and self.store is not None:
+            items = [(f"{self.namespace}:{key}", found[key]) for key in missing]
+            task = asyncio.get_running_loop().create_task(self._to_store(self.store, items))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+        return [found[key] for key in keys], len(missing)
 
     @staticmethod
-    async def _to_store(store: SharedEmbeddings, key: str, embedding: Embedding) -> None:
+    async def _from_store(store: SharedEmbeddings, keys: list[str]) -> list[Embedding | None]:
         try:
-            await store.put_many([(key, embedding)])
+            found = await store.get_many(keys)
+        except Exception as err:  # the store is an accelerator: a failure is a miss
+            log.warning("embedding_store_get_failed", error=f"{type(err).__name__}: {err}")
+            return [None] * len(keys)
+        return [None if f is None or np.shape(f) != (EMBEDDING_DIM,) else np.asarray(f, dtype=np.float32)
+                for f in found]
+
+    @staticmethod
+    async def _to_store(store: SharedEmbeddings, items: list[tuple[str, Embedding]]) -> None:
+        try:
+            await store.put_many(items)
         except Exception as err:
             log.warning("embedding_store_put_failed", error=f"{type(err).__name__}: {err}")
 

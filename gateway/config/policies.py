@@ -3,7 +3,7 @@ any of them; `compile_tenants` turns both into one frozen `TenantPolicy` per ten
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -125,6 +125,9 @@ class PolicyConfig(Limits):
     )
     admin_api_key_sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{64}$", description="key for /admin/* (unset: admin endpoints off)"
+    )
+    dashboard_viewer_keys_sha256: tuple[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")], ...] = Field(
+        default=(), description="hex SHA-256 of keys that may open GET /dashboard (read-only; the admin key may too)"
     )
     tenants: tuple[Tenant, ...] = ()
 

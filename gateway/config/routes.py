@@ -104,12 +104,31 @@ class Replica(Frozen):
         return parts.port or (443 if parts.scheme == "https" else 80)
 
 
+class InProcessEncoder(Frozen):
+    """An embedding tier served in the gateway process: the MiniLM sentence encoder it ships
+    (all-MiniLM-L6-v2, 384 dimensions), behind the in-process and Redis embedding caches."""
+
+    kind: Literal["minilm"]
+
+
 class Tier(Frozen):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     precision: Precision
     context_window: int = Field(gt=0)
     prices: Prices | tuple[Prices, ...] = Field(description="one price, or a list by effective_from")
-    replicas: tuple[Replica, ...] = Field(min_length=1)
+    replicas: tuple[Replica, ...] = Field(default=(), description="at least one, unless `embedder` serves the tier")
+    embedder: InProcessEncoder | None = Field(
+        default=None, description="an embedding tier served in process (/v1/embeddings); it has no replicas")
+    native: tuple[Literal["responses"], ...] = Field(
+        default=(), description="APIs the replicas serve themselves (vLLM: responses), sent upstream as they came; "
+        "the others are translated to chat completions")
+
+    @model_validator(mode="after")
+    def _served(self) -> Tier:
+        if bool(self.replicas) == (self.embedder is not None):
+            raise ValueError("give replicas, or an in-process embedder (one of the two)")
+        return self
+
     @field_validator("prices")
     @classmethod
     def _dated_in_order(cls, prices: Prices | tuple[Prices, ...]) -> Prices | tuple[Prices, ...]:
@@ -229,12 +248,23 @@ class RedisSettings(Frozen):
     )
 
 
+class TracingSettings(Frozen):
+    """OpenTelemetry traces over OTLP/HTTP. Present: on; unset fields fall back to the standard OTEL_*
+    variables. Absent: on only when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set. Read at start, not reloaded."""
+
+    endpoint: str | None = Field(default=None, description="collector base URL, e.g. http://otel-collector:4318")
+    sample_ratio: float | None = Field(default=None, ge=0, le=1, description="share of new traces kept "
+                                       "(parent-based: a caller's sampled trace is always continued)")
+    service_name: str | None = Field(default=None, description="service.name (default: OTEL_SERVICE_NAME, llm-gateway)")
+
+
 class RoutesConfig(Frozen):
     tiers: tuple[Tier, ...] = Field(min_length=1)
     upstream: Upstream = Upstream()
     balancing: Balancing = Balancing()
     admission: Admission = Admission()
     redis: RedisSettings = RedisSettings()
+    tracing: TracingSettings | None = None
 
     @field_validator("tiers")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import sys
 from pathlib import Path
 
@@ -24,7 +25,9 @@ print(c.chat.completions.create(model='auto', messages=[{{'role': 'user', 'conte
 max_tokens=32).choices[0].message.content)"
 
 Models: {models}. Request log lines go to {log}. Ctrl-C stops everything.
+Dashboard: {dashboard}
 """
+DEMO_VIEWER_KEY = "sk-dashboard"  # the viewer key of policies/local.yaml and policies/emulator.yaml
 
 
 def up(config: GatewayConfig, app: web.Application, host: str, port: int, log_target: str,
@@ -39,6 +42,12 @@ def up(config: GatewayConfig, app: web.Application, host: str, port: int, log_ta
     finally:
         stop_children(children)
     return 0
+
+
+def dashboard_url(config: GatewayConfig, host: str, port: int) -> str:
+    """Where the dashboard is: with the demo viewer key when the policy has it, else a placeholder."""
+    demo = hashlib.sha256(DEMO_VIEWER_KEY.encode()).hexdigest() in config.policy.dashboard_viewer_keys_sha256
+    return f"http://{host}:{port}/dashboard?key={DEMO_VIEWER_KEY if demo else 'YOUR_ADMIN_OR_VIEWER_KEY'}"
 
 
 async def _serve(
@@ -56,5 +65,6 @@ async def _serve(
     stopped.cancel()
     healthy.result()
     models = ", ".join(["auto", *config.tiers])
-    print(EXAMPLE.format(host=host, port=port, models=models, log=log_target), file=sys.stderr)
+    print(EXAMPLE.format(host=host, port=port, models=models, log=log_target,
+                         dashboard=dashboard_url(config, host, port)), file=sys.stderr)
     await server.serve_until_signal(app, host, port, stop)

@@ -13,6 +13,7 @@ import structlog
 from gateway.accounting.cost import cost_usd
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
+from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
 from gateway.tokens import TokenCounters
 
@@ -76,6 +77,9 @@ class Accountant:
             saved_usd=round(baseline - cost, 9),
         )
         self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
+        good = meets_slo(ctx, ttft_s)
+        self._metrics.live.record(ctx, ttft_s, tpot_s, baseline - cost, good)
+        self._metrics.outcomes.observe(ctx, good, baseline - cost)
 
     def count_tokens(self, ctx: RequestContext) -> None:
         """Fill in counts the backend did not report: output chunks (streams) or a tokenizer. Once: the

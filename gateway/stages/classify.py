@@ -19,7 +19,7 @@ class ClassifyStage:
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         routing = ctx.tenant.routing if ctx.tenant else None
-        if self._scorer is None or ctx.model_requested != AUTO_MODEL or routing is None:
+        if self._scorer is None or ctx.model_requested != AUTO_MODEL or routing is None or ctx.endpoint == "embeddings":
             return None
         try:
             ctx.difficulty = await self._scorer.score(ctx.prompt_text())

@@ -8,6 +8,7 @@ import orjson
 
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest
+from gateway.protocols import embeddings
 from gateway.types import Reply
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -26,13 +27,17 @@ NUMBER_RANGES: dict[str, tuple[float, float]] = {
 class ParseStage:
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         body = _decode(ctx.raw_body)
+        if ctx.wire is not None:  # Responses, Anthropic Messages: their fields checked, as a chat body
+            body = ctx.wire.to_chat(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
         if ctx.endpoint == "chat":
             _check_messages(body.get("messages"))
-        else:
+        elif ctx.endpoint == "completions":
             _check_prompt(body.get("prompt"))
+        else:
+            embeddings.check_body(body)
         ctx.stream = _optional(body, "stream", bool) or False
         ctx.client_wants_usage = _stream_usage(body, ctx.stream)
         ctx.max_tokens = _max_tokens(body)

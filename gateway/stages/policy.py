@@ -65,7 +65,7 @@ def apply_limits(ctx: RequestContext, tenant: TenantPolicy) -> int:
     ctx.max_tokens = _max_tokens(ctx, tenant)
     prompt_chars = len(ctx.prompt_text())
     if tenant.max_prompt_chars is not None and prompt_chars > tenant.max_prompt_chars:
-        param = "messages" if ctx.endpoint == "chat" else "prompt"
+        param = {"chat": "messages", "completions": "prompt"}.get(ctx.endpoint, "input")
         raise BodyTooLarge(f"the prompt has {prompt_chars} characters; tenant {tenant.name!r} allows "
                            f"{tenant.max_prompt_chars}", param=param, code="prompt_too_large")
     _set_max_tokens(ctx.body, ctx.max_tokens)

@@ -25,6 +25,7 @@ from gateway.errors import (
     GatewayError, Overloaded, UpstreamError, UpstreamOverloaded, UpstreamStatus, UpstreamTimeout,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.native import ResponsesScanner, is_native, settle as settle_native, upstream_body as native_body
 from gateway.sse import OutputLimit, SseScanner
 from gateway.types import JsonReply, Reply, StreamReply
 
@@ -111,8 +112,8 @@ class ProxyStage:
             raise
         cap = ctx.tenant.output_cap if ctx.tenant else None
         limit = OutputLimit(cap.tokens, cap.chars) if cap else None
-        scanner = SseScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage,
-                             collect_text=ctx.cache_key is not None, limit=limit)
+        scanner = (ResponsesScanner if is_native(ctx) else SseScanner)(
+            ctx.endpoint, forward_usage=ctx.client_wants_usage, collect_text=ctx.cache_key is not None, limit=limit)
         idle_s = ctx.config.routes.upstream.read_timeout_s
         return StreamReply(SseRelay(ctx, response, scanner, first, lease.release, self._watchdog, idle_s,
                                     self._count_tokens))
@@ -120,15 +121,19 @@ class ProxyStage:
     async def _post(
         self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout
     ) -> aiohttp.ClientResponse:
-        body: dict[str, Any] = {**ctx.body, "model": replica.model}
-        if ctx.stream:
+        native = is_native(ctx)  # a Responses request to a tier serving /responses itself
+        body: dict[str, Any] = native_body(ctx, replica.model) if native else {**ctx.body, "model": replica.model}
+        if ctx.stream and not native:
             body["stream_options"] = {"include_usage": True}
         # only the replica's own key from config: no client header is ever forwarded
         headers = JSON_HEADERS if replica.api_key is None else {**JSON_HEADERS,
                                                                 "Authorization": f"Bearer {replica.api_key}"}
+        if ctx.trace is not None:
+            headers = {**headers, **ctx.trace.headers()}
         try:
             return await self._session.post(
-                replica.url + PATHS[ctx.endpoint], data=orjson.dumps(body), headers=headers, timeout=timeout
+                replica.url + ("/responses" if native else PATHS[ctx.endpoint]), data=orjson.dumps(body),
+                headers=headers, timeout=timeout
             )
         except aiohttp.ConnectionTimeoutError:
             raise Retry(UpstreamTimeout(f"backend {replica.name} did not connect in time")) from None
@@ -172,6 +177,9 @@ async def _settle_json(ctx: RequestContext, response: aiohttp.ClientResponse, re
     ctx.first_token_at = time.perf_counter()
     try:
         answer = orjson.loads(data)
+        if is_native(ctx):
+            ctx.response_text = settle_native(ctx, answer)
+            return JsonReply(200, data)
         choice = answer["choices"][0]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         raise Retry(UpstreamError(f"backend {replica.name} sent a malformed answer")) from None

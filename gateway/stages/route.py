@@ -30,6 +30,10 @@ class RouteStage:
                 f"{tier.name!r} ({tier.context_window} tokens)",
                 param="max_tokens",
             )
+        if (tier.embedder is not None) != (ctx.endpoint == "embeddings"):
+            kind = "an embedding model" if tier.embedder else "not an embedding model"
+            raise InvalidRequest(f"the model {model!r} is {kind}: use it on /v1/"
+                                 f"{'embeddings' if tier.embedder else 'chat/completions'}", param="model")
         ctx.tier = tier
         ctx.prompt_tokens_est = estimate_tokens(len(ctx.prompt_text()))
         ctx.candidates = self._pool.rank(tier, ctx.prompt_tokens_est, config.routes.balancing)
@@ -39,6 +43,8 @@ class RouteStage:
 def _auto_tier(ctx: RequestContext) -> str:
     """The difficulty band's tier where the tenant may use it, else the tenant's default tier."""
     tenant = ctx.tenant
+    if ctx.endpoint == "embeddings":  # the first embedding tier
+        return next((t.name for t in ctx.config.routes.tiers if t.embedder is not None), "")
     if tenant is None:
         return ctx.config.policy.default_tier or ""
     if tenant.routing is None or ctx.difficulty is None:

@@ -28,6 +28,7 @@ from gateway.emulator.profiles import get_profile
 from gateway.local.redis_server import EmbeddedRedis
 from gateway.server import running
 from gateway.testing import TEST_API_KEY, gateway_config, tier
+from tests.integration.test_embeddings import EMBEDDER
 
 ADMIN_KEY = "sk-fuzz-admin"
 ERROR_FIELDS = {"message", "type", "param", "code"}
@@ -35,7 +36,7 @@ ERROR_FIELDS = {"message", "type", "param", "code"}
 
 async def serve(redis_url: str, started: "Future[str]", stop: asyncio.Event) -> None:
     async with serve_emulator(get_profile("instant")) as emulator:
-        base = gateway_config([tier("t", [f"{emulator.url}/v1"]), tier("u", [f"{emulator.url}/v1"])])
+        base = gateway_config([tier("t", [f"{emulator.url}/v1"]), tier("u", [f"{emulator.url}/v1"]), EMBEDDER])
         policy = PolicyConfig.model_validate({**base.policy.model_dump(), "max_body_bytes": 65536,
                                               "admin_api_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()})
         async with running(create_app(GatewayConfig.build(base.routes, policy), redis_url=redis_url)) as url:
@@ -68,9 +69,14 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 def openai_error_shape(ctx: object, response: schemathesis.Response, case: schemathesis.Case) -> bool | None:
-    """Every 4xx/5xx is JSON of the OpenAI error shape, with no traceback in it."""
+    """Every 4xx/5xx is JSON of the OpenAI error shape (Anthropic's on /v1/messages), with no traceback in it."""
     if response.status_code < 400 or case.path == "/metrics":
         return None
+    if case.path == "/v1/messages":  # Anthropic's shape: {"type": "error", "error": {"type", "message"}}
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert "Traceback" not in body["error"]["message"]
+        return True
     error = response.json()["error"]
     assert set(error) == ERROR_FIELDS, error
     assert isinstance(error["message"], str) and error["message"]

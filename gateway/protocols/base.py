@@ -1,0 +1,160 @@
+"""What every translated protocol shares: the Wire protocol, the chat answer, and the stream translator.
+
+A Wire turns its protocol's body into a chat completions body (`to_chat`, raising InvalidRequest
+naming its own field), renders a chat answer in its own shape, writes its stream events from what
+the chat stream says (`events`), and writes errors in its own shape. Everything between parse and
+the edge works on the chat body, so the stages, the cache and the accounting are the chat ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.protocols.native import is_native
+from gateway.sse import DONE, _complete_prefix_end, _data_of
+from gateway.types import ChunkSource, JsonReply, Reply, StreamReply
+
+
+@dataclass(slots=True)
+class ChatAnswer:
+    """A finished chat answer, as a protocol renders it."""
+
+    text: str
+    finish_reason: str | None
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Events(Protocol):
+    """One stream's events in a protocol's shape."""
+
+    def start(self, model: str) -> bytes: ...
+
+    def text(self, delta: str) -> bytes: ...
+
+    def end(self, answer: ChatAnswer) -> bytes: ...
+
+    def fail(self, message: str, code: str) -> bytes: ...
+
+
+class Wire(Protocol):
+    """A client protocol translated to chat completions at the edge."""
+
+    name: str
+    key_header: str | None  # a header holding the API key besides Authorization: Bearer
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def render(self, ctx: RequestContext, answer: ChatAnswer) -> bytes: ...
+
+    def events(self, ctx: RequestContext) -> Events: ...
+
+    def error_body(self, err: GatewayError) -> bytes: ...
+
+
+def render(wire: Wire, ctx: RequestContext, reply: Reply, count_tokens: Callable[[RequestContext], None]) -> Reply:
+    """The stages' chat reply in the wire's shape; usage is the one the log line will carry. A tier serving the
+    wire natively answered in it already."""
+    if is_native(ctx):
+        return reply
+    if isinstance(reply, StreamReply):
+        return StreamReply(TranslatedStream(reply.source, wire.events(ctx)), reply.headers)
+    count_tokens(ctx)  # the backend's usage, else counted: what accounting logs
+    chat = orjson.loads(reply.body)
+    message = chat["choices"][0].get("message") or {}
+    answer = ChatAnswer(message.get("content") or "", ctx.finish_reason, str(chat.get("model", "")),
+                        ctx.prompt_tokens or 0, ctx.completion_tokens or 0)
+    return JsonReply(reply.status, wire.render(ctx, answer), reply.headers)
+
+
+class TranslatedStream:
+    """A ChunkSource re-writing a chat completions SSE stream as a protocol's events."""
+
+    def __init__(self, source: ChunkSource, events: Events) -> None:
+        self._source = source
+        self._events = events
+        self._answer = ChatAnswer("", None, "", 0, 0)
+        self._pieces: list[str] = []
+        self._started = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        pending = b""
+        async for data in self._source.chunks():
+            if pending or not data.endswith(b"\n\n"):
+                buf = pending + data
+                end = _complete_prefix_end(buf)
+                data, pending = buf[:end], buf[end:]
+            if data.startswith(b"data: ") and data.find(b"\n", 6) == len(data) - 2:  # one event: most reads
+                out = self._event(data[6:-2])
+            else:
+                out = b"".join(self._event(payload) for raw in data.split(b"\n\n")
+                               if raw and (payload := _data_of(raw)) is not None)
+            if out:
+                yield out
+
+    def close(self) -> None:
+        self._source.close()
+
+    def _event(self, payload: bytes) -> bytes:
+        answer = self._answer
+        if payload == DONE:
+            answer.text = "".join(self._pieces)
+            return self._events.end(answer)
+        chunk = orjson.loads(payload)  # the relay forwards only parsed events
+        out = b""
+        if not self._started:
+            self._started, answer.model = True, str(chunk.get("model", ""))
+            out = self._events.start(answer.model)
+        if choices := chunk.get("choices"):
+            choice = choices[0]  # n is 1: the protocols have no choices
+            if reason := choice.get("finish_reason"):
+                answer.finish_reason = reason
+            delta = choice.get("delta")
+            if delta and (text := delta.get("content")):
+                self._pieces.append(text)
+                out += self._events.text(text)
+        elif isinstance(error := chunk.get("error"), dict):
+            return out + self._events.fail(str(error.get("message")), str(error.get("code")))
+        if usage := chunk.get("usage"):
+            answer.prompt_tokens, answer.completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+        return out
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    """One named server-sent event."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def text_parts(content: Any, where: str, types: frozenset[str]) -> str:
+    """A message's content as text: a string, or an array of text parts of `types` (400 naming the part)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise InvalidRequest(f"'{where}' must be a string or a non-empty array of text parts", param=where)
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in types or not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"'{where}[{i}]' must be a text part ({', '.join(sorted(types))}) with 'text'; "
+                                 f"got type {kind!r}", param=f"{where}[{i}]")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def refuse(body: dict[str, Any], names: tuple[str, ...], why: str) -> None:
+    """400 naming the first of `names` the body sets (truthy)."""
+    for name in names:
+        if body.get(name):
+            raise InvalidRequest(f"'{name}' is not supported: {why}", param=name, code="unsupported_parameter")
+
+
+def copy_fields(body: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """The fields of `body` named in `names` (those present and not null), under their chat names."""
+    return {chat: body[name] for name, chat in names.items() if body.get(name) is not None}

@@ -1,0 +1,116 @@
+"""GET /dashboard in a real browser (headless Chromium) against a gateway under emulator traffic:
+the panels hold data, a screenshot is written. No browser is a failure, not a skip, unless
+GATEWAY_SKIP_BROWSER=1 says so (for a laptop without Chromium; CI installs it, see .ci/run)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.app import create_app
+from gateway.testing import TEST_API_KEY, TableScorer, gateway_config, tier
+from tests.conftest import StartApp, StartEmulator
+
+VIEWER_KEY = "sk-viewer"
+ADMIN_KEY = "sk-admin"
+BANDS = {"bands": [{"below": 0.5, "tier": "small-int4"}, {"tier": "large-fp16"}]}
+PROMPTS = {"say hi": 0.1, "prove the theorem": 0.9, "list three colours": 0.3}
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--hide-scrollbars")
+
+
+def browser() -> str:
+    """Chromium's path; fails loudly when there is none (skips only when GATEWAY_SKIP_BROWSER=1)."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if found := shutil.which(name):
+            return found
+    if os.environ.get("GATEWAY_SKIP_BROWSER") == "1":
+        pytest.skip("no Chromium, and GATEWAY_SKIP_BROWSER=1")
+    pytest.fail("no Chromium found on PATH: `apt-get install -y chromium` (.ci/run does), "
+                "or set GATEWAY_SKIP_BROWSER=1 to skip this test locally")
+
+
+async def run_chromium(chromium: str, profile: Path, *args: str) -> str:
+    process = await asyncio.create_subprocess_exec(
+        chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=90)
+    assert process.returncode == 0, f"chromium failed ({process.returncode}): {err.decode()[-2000:]}"
+    return out.decode()
+
+
+async def traffic(url: str, requests: int) -> None:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as session:
+        async def one(i: int) -> None:
+            prompt = list(PROMPTS)[i % len(PROMPTS)]
+            body = {"model": "auto", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+                    "stream": True}
+            async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+                assert response.status == 200, await response.text()
+                await response.read()
+        await asyncio.gather(*(one(i) for i in range(requests)))
+
+
+async def start(start_emulator: StartEmulator, start_app: StartApp) -> str:
+    tiers = [tier("small-int4", [f"{(await start_emulator('int4')).url}/v1"]),
+             tier("large-fp16", [f"{(await start_emulator('fp16')).url}/v1"], precision="fp16", output_per_mtok=8.0)]
+    sha = lambda key: hashlib.sha256(key.encode()).hexdigest()  # noqa: E731
+    config = gateway_config(tiers, policy={"routing": BANDS, "ttft_slo_ms": 2000,
+                                           "admin_api_key_sha256": sha(ADMIN_KEY),
+                                           "dashboard_viewer_keys_sha256": [sha(VIEWER_KEY)]})
+    return await start_app(create_app(config, TableScorer(PROMPTS)))
+
+
+async def test_the_dashboard_needs_a_viewer_or_admin_key(start_emulator: StartEmulator, start_app: StartApp) -> None:
+    url = await start(start_emulator, start_app)
+    async with aiohttp.ClientSession() as session:
+        for key, status in ((None, 401), (TEST_API_KEY, 401), (VIEWER_KEY, 200), (ADMIN_KEY, 200)):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            async with session.get(f"{url}/dashboard/data.json", headers=headers) as response:
+                assert response.status == status, key
+            async with session.get(f"{url}/dashboard", headers=headers) as response:
+                assert response.status == status, key
+        async with session.get(f"{url}/dashboard", params={"key": VIEWER_KEY}, allow_redirects=False) as response:
+            assert response.status == 303 and response.headers["Location"] == "/dashboard"
+            assert response.cookies["gateway_dashboard"]["httponly"]
+
+
+async def test_the_page_shows_live_data_in_a_real_browser(start_emulator: StartEmulator, start_app: StartApp,
+                                                          tmp_path: Path) -> None:
+    chromium = browser()
+    url = await start(start_emulator, start_app)
+    await traffic(url, 60)
+    page = f"{url}/dashboard?key={VIEWER_KEY}"
+    dom = await run_chromium(chromium, tmp_path / "profile-dom", "--virtual-time-budget=8000", "--dump-dom", page)
+    rows = dict(re.findall(r'<td data-field="tier">([^<]+)</td><td data-field="requests">(\d+)</td>', dom))
+    assert set(rows) == {"small-int4", "large-fp16"}, dom[-3000:]
+    assert sum(int(n) for n in rows.values()) == 60 and all(int(n) > 0 for n in rows.values())
+    ttfts = re.findall(r'<td data-field="ttft_p50_ms">([0-9.]+)</td>', dom)
+    assert len(ttfts) == 2 and all(float(ms) > 0 for ms in ttfts)
+    assert dom.count('class="uplot') >= 6, "uPlot did not draw the charts"  # the vendored library ran
+    assert re.search(r'<td data-field="tenant">test-tenant</td><td data-field="requests">60</td>', dom)
+    assert 'id="redis">off<' in dom and 'id="error"></span>' in dom
+    shot = tmp_path / "dashboard.png"
+    await run_chromium(chromium, tmp_path / "profile-shot", "--virtual-time-budget=8000", "--window-size=1400,1600",
+                       f"--screenshot={shot}", page)
+    assert shot.stat().st_size > 20_000
+    if target := os.environ.get("GATEWAY_DASHBOARD_SCREENSHOT"):  # refresh docs/dashboard.png by hand
+        shutil.copy(shot, target)
+
+
+@pytest.mark.parametrize("name", ["local", "emulator"])
+def test_make_run_prints_the_dashboard_address_with_the_demo_viewer_key(name: str) -> None:
+    from gateway.config import load_config
+    from gateway.local.up import dashboard_url
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_config(root / "routes" / f"{name}.yaml", root / "policies" / f"{name}.yaml")
+    assert dashboard_url(config, "127.0.0.1", 8080) == "http://127.0.0.1:8080/dashboard?key=sk-dashboard"
