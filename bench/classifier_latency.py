@@ -14,24 +14,18 @@ writes JSON + markdown under bench/results/. Target: CPU p99 <= 10 ms for 1 x 12
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.metadata
-import json
 import os
 import platform
 import random
-import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import numpy as np
-
+from gateway.bench.report import command_line, cpu_model, stamp, write_results
+from gateway.bench.summary import percentile
 from gateway.classifier.encoder import GRAPHS, VARIANTS, EncoderSession, default_model_path, file_name, models_dir
 from gateway.classifier.tokenize import PromptTokenizer
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +74,7 @@ def run(args: argparse.Namespace) -> list[Cell]:
         for batch in args.batches:
             for n in args.tokens:
                 times = measure(session, pool[n][:batch], args.seconds, args.min_runs, args.max_runs)
-                p50, p99 = (float(x) for x in np.percentile(times, [50, 99]))
+                p50, p99 = percentile(times, 50), percentile(times, 99)
                 cell = Cell(graph, variant, session.provider, batch, n, len(times), p50, p99, p50 / batch)
                 print(f"  {graph}.{variant} b={batch} n={n}: p50 {p50:.2f} ms p99 {p99:.2f} ms ({len(times)} runs)", file=sys.stderr)
                 cells.append(cell)
@@ -102,8 +96,7 @@ def table(cells: list[Cell]) -> str:
 
 
 def machine() -> dict[str, object]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     versions = {p: importlib.metadata.version(p) for p in ("onnxruntime-gpu", "numpy", "tokenizers")}
     return {"cpu": cpu, "cores": os.cpu_count(), "loadavg": os.getloadavg(), "python": platform.python_version(), **versions}
 
@@ -129,7 +122,7 @@ def main() -> int:
     before = machine()
     cells = run(args)
     after = os.getloadavg()
-    command = shlex.join([".venv/bin/python", "bench/classifier_latency.py", *sys.argv[1:]])
+    command = command_line()
     report = "\n".join([
         f"Command: `{command}`",
         f"Machine: {before['cpu']}, {before['cores']} cores; load average before {before['loadavg']}, after {after}",
@@ -138,11 +131,8 @@ def main() -> int:
         table(cells),
     ])
     print(report)
-    RESULTS.mkdir(exist_ok=True)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    (RESULTS / f"classifier_latency-{stamp}.md").write_text(report + "\n")
     payload = {"command": command, "machine": before, "loadavg_after": after, "cells": [asdict(c) for c in cells]}
-    (RESULTS / f"classifier_latency-{stamp}.json").write_text(json.dumps(payload, indent=2))
+    write_results("classifier_latency", stamp(), payload, report)
     return 0
 
 

@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.classifier.calibrate import auc
 from gateway.classifier.encoder import DIFFICULTY
-from gateway.classifier.export import load_torch_encoder
-from gateway.classifier.head import fit_head, log_chars
-from gateway.classifier.labeling import rank_labels
+from gateway.classifier.head import log_chars
 from gateway.classifier.tokenize import PromptTokenizer
-from gateway.classifier.train import fold_of, read_jsonl
+from gateway.training.export import load_torch_encoder
+from gateway.training.fit import fit_head
+from gateway.training.labeling import rank_labels
+from gateway.training.quality import auc
+from gateway.training.train import fold_of, read_jsonl
 
 LABELS = Path(__file__).resolve().parents[1] / "models" / "difficulty" / "labels" / "sharegpt-nll.jsonl"
 F64 = npt.NDArray[np.float64]
@@ -134,14 +135,14 @@ class Study:
             jitter = {i: len(self.prompts[i]) * (1 + 0.1 * rng.random()) for i in fit_ids}  # length buckets, shuffled
             order = sorted(fit_ids, key=jitter.__getitem__)
             batches = [order[k : k + self.args.batch] for k in range(0, len(order), self.args.batch)]
-            rng.shuffle(batches)  # type: ignore[arg-type]
+            rng.shuffle(batches)
             for batch in batches:
                 feed = {n: torch.from_numpy(v) for n, v in self.tok.encode_batch([self.prompts[i] for i in batch]).items()}
                 x = torch.cat([encoder(**feed).double(), torch.from_numpy(self.length[batch])[:, None]], dim=1)
                 logit = head((x - shift) / scale).squeeze(-1)
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, torch.from_numpy(self.y[batch]))
                 opt.zero_grad()
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
                 torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
                 opt.step()
                 sched.step()

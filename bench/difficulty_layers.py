@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from gateway.classifier.calibrate import auc
-from gateway.classifier.labeling import rank_labels
-from gateway.classifier.rubric import HARD_LABEL
 from gateway.classifier.tokenize import PromptTokenizer
-from gateway.classifier.train import features, fit, fit_target, read_jsonl
+from gateway.training.labeling import rank_labels
+from gateway.training.quality import auc
+from gateway.training.rubric import HARD_LABEL
+from gateway.training.train import features, fit, fit_target, read_jsonl
 
 LABELS = Path(__file__).resolve().parents[1] / "models" / "difficulty" / "labels" / "rubric.jsonl"
 SETS: dict[str, tuple[int, ...]] = {

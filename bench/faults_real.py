@@ -37,11 +37,11 @@ import orjson
 import yaml
 from openai import AsyncOpenAI
 
-from gateway.local.redis_server import free_port
+from gateway.bench.procs import free_port
+from gateway.bench.report import ROOT
+from gateway.bench.readers import log_lines, read_log
 from gateway.testing import wait_ready
-from stream_endings import log_lines  # bench/stream_endings.py: the request log lines of some ids
 
-ROOT = Path(__file__).resolve().parents[1]
 AUTH = {"Authorization": "Bearer sk-demo"}
 LONG_PROMPT = "Write a long story about a lighthouse keeper, with many chapters and details."
 LOG_WAIT_S = 8.0
@@ -149,16 +149,8 @@ class Gateway:
 
     def events(self, name: str, request_id: str | None = None) -> list[dict[str, Any]]:
         """Operational log events (`upstream_attempt_failed`, `redis_unavailable`, ...) from the log file."""
-        found = []
-        for text in (self.work / "requests.log").read_bytes().splitlines():
-            try:
-                line = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(line, dict) and line.get("event") == name and (
-                    request_id is None or line.get("request_id") == request_id):
-                found.append(line)
-        return found
+        return [line for line in read_log(self.work / "requests.log") if line.get("event") == name
+                and (request_id is None or line.get("request_id") == request_id)]
 
 
 def describe(line: dict[str, Any] | None) -> str:

@@ -14,36 +14,33 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 import yaml
 
+from gateway.bench.client import send
+from gateway.bench.procs import free_port
+from gateway.bench.report import ROOT
 from gateway.config.loader import load_routes
 from gateway.local.children import start_children, stop_children, wait_healthy
 from gateway.tokens import TokenCounters
 
-ROOT = Path(__file__).resolve().parents[1]
 VM_USD_PER_HOUR = 0.0816  # 2-vCPU on-demand VM (AWS m7g.large, us-east-1, June 2026)
 VCPUS = 2
 LONG_WORDS = ("latency throughput queue replica token prefill decode cache batch router tier gateway policy "
               "budget tenant stream chunk backend quantized precision memory bandwidth compute kernel").split()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def long_prompt(tokens: int, counter_count: "callable[[str], int]") -> str:  # type: ignore[valid-type]
+def long_prompt(tokens: int, counter_count: Callable[[str], int]) -> str:
     words, i = [], 0
     while True:
         words.append(LONG_WORDS[(i * 7) % len(LONG_WORDS)])
@@ -54,27 +51,17 @@ def long_prompt(tokens: int, counter_count: "callable[[str], int]") -> str:  # t
 
 async def stream_once(session: aiohttp.ClientSession, url: str, model: str, prompt: str, headers: dict[str, str],
                       max_tokens: int) -> tuple[float, float, int]:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "stream": True}
-    start = time.perf_counter()
-    first = last = None
-    tokens = 0
-    async with session.post(f"{url}/chat/completions", json=body, headers=headers) as response:
-        assert response.status == 200, await response.text()
-        async for line in response.content:
-            if not line.startswith(b"data: {"):
-                continue
-            choices = orjson.loads(line[6:]).get("choices") or [{}]
-            if (choices[0].get("delta") or {}).get("content"):
-                last = time.perf_counter()
-                first = first or last
-                tokens += 1
-    assert first is not None and last is not None and tokens > 1
-    return (first - start) * 1000, (last - first) * 1000 / (tokens - 1), tokens
+    """(TTFT ms, mean gap between content events ms, content events) of one streamed request."""
+    body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                         "stream": True})
+    r = await send(session, f"{url}/chat/completions", body, {"Content-Type": "application/json", **headers})
+    if not r.ok or r.ttft_s is None or r.content_events < 2:
+        raise RuntimeError(f"{model} at {url}: {r.error or f'{r.content_events} content events'}")
+    return r.ttft_s * 1000, sum(r.itl_s) * 1000 / len(r.itl_s), r.content_events
 
 
 async def measure(tiers: list[tuple[str, str, str]], gateway_url: str, prompts: dict[str, list[str]],
-                  max_tokens: int) -> list[dict[str, object]]:
+                  max_tokens: int) -> list[dict[str, Any]]:
     rows = []
     async with aiohttp.ClientSession() as session:
         for tier, direct_url, upstream_model in tiers:
@@ -149,7 +136,7 @@ def main() -> None:
     report(rows, startup, counter.count(prompts["1k"][0]), args)
 
 
-def report(rows: list[dict[str, object]], startup: float, long_tokens: int, args: argparse.Namespace) -> None:
+def report(rows: list[dict[str, Any]], startup: float, long_tokens: int, args: argparse.Namespace) -> None:
     load = os.getloadavg()
     print(f"# local tiers  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  nproc={os.cpu_count()}  "
           f"loadavg={load[0]:.2f}  requests={args.requests}  max_tokens={args.max_tokens}  1k prompt={long_tokens} tokens\n")
@@ -164,10 +151,10 @@ def report(rows: list[dict[str, object]], startup: float, long_tokens: int, args
     usd_per_vcpu_s = VM_USD_PER_HOUR / VCPUS / 3600
     for tier in dict.fromkeys(str(r["tier"]) for r in rows):
         pick = {(r["prompt"], r["path"]): r for r in rows if r["tier"] == tier}
-        added = [float(pick[(k, "gateway")]["ttft_p50_ms"]) - float(pick[(k, "direct")]["ttft_p50_ms"])  # type: ignore[arg-type]
+        added = [float(pick[(k, "gateway")]["ttft_p50_ms"]) - float(pick[(k, "direct")]["ttft_p50_ms"])
                  for k in ("short", "1k")]
-        decode = 1000 / float(pick[("short", "direct")]["tpot_p50_ms"])  # type: ignore[arg-type]
-        prefill = long_tokens / (float(pick[("1k", "direct")]["ttft_p50_ms"]) / 1000)  # type: ignore[arg-type]
+        decode = 1000 / float(pick[("short", "direct")]["tpot_p50_ms"])
+        prefill = long_tokens / (float(pick[("1k", "direct")]["ttft_p50_ms"]) / 1000)
         print(f"| {tier} | {added[0]:+.1f} / {added[1]:+.1f} | {decode:.1f} | {prefill:.0f} | "
               f"{usd_per_vcpu_s / decode * 1e6:.3f} | {usd_per_vcpu_s / prefill * 1e6:.4f} |")
     print(f"\nstart-up of `gateway up` (routes/local.yaml, 3 llama.cpp servers, models built): {startup:.2f} s")

@@ -28,14 +28,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _load import ROOT, command_line, md_table  # noqa: E402
-
-from gateway.bench.report import replace_marked  # noqa: E402
-from gateway.bench.routing import apgr, cost_per_1k, cpt, pgr_at, pgr_curve, random_apgr  # noqa: E402
-from gateway.classifier.calibrate import score_prompts  # noqa: E402
-from gateway.classifier.head import log_chars  # noqa: E402
-from gateway.classifier.rubric import HARD_LEVEL  # noqa: E402
+from gateway.bench.report import ROOT, command_line, md_table, pyplot, replace_marked
+from gateway.bench.routing import apgr, cost_per_1k, cpt, pgr_at, pgr_curve, random_apgr
+from gateway.classifier.head import log_chars
+from gateway.training.calibrate import score_prompts
+from gateway.training.rubric import HARD_LEVEL
 
 LABELS = ROOT / "models" / "difficulty" / "labels" / "rubric.jsonl"
 NLL = ROOT / "models" / "difficulty" / "labels" / "sharegpt-nll.jsonl"
@@ -62,11 +59,7 @@ def bands() -> tuple[float, str, str]:
 
 
 def plot(curves: dict[str, tuple[Any, Any]], point: tuple[float, float]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.6, 3.6), dpi=80)
     for name, (share, pgr) in curves.items():
         ax.plot(share, pgr, label=name, lw=1.5 if name.startswith("classifier") else 1)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from gateway.bench.summary import percentile
 from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
 from gateway.cache.semantic import SemanticIndex
@@ -119,9 +120,9 @@ async def latency(index: SemanticIndex, vectors: int, queries: int) -> None:
         start = time.perf_counter()
         await index.nearest("latency", vector)
         timings.append(time.perf_counter() - start)
-    ms = np.array(timings) * 1000
+    ms = [t * 1000 for t in timings]
     print(f"VSIM top-1 over {vectors} x 384 (Q8), {queries} queries from Python through SemanticIndex: "
-          f"p50 {np.percentile(ms, 50):.3f} ms, p99 {np.percentile(ms, 99):.3f} ms "
+          f"p50 {percentile(ms, 50):.3f} ms, p99 {percentile(ms, 99):.3f} ms "
           f"(VADD: {added / vectors * 1000:.3f} ms each, one at a time)")
 
 

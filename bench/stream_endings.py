@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import yaml
 from openai import AsyncOpenAI
 
-from gateway.local.redis_server import free_port
+from gateway.bench.procs import free_port
+from gateway.bench.readers import log_lines
+from gateway.bench.report import ROOT
 from gateway.testing import wait_ready
 
-ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("small-q4", "auto", "large-f16")
 TOPICS = ("tail latency", "queues", "caches", "routers", "GPUs", "tokens", "batching", "prefill", "decoding", "SLOs")
 
@@ -74,23 +74,6 @@ async def run(url: str, requests: int, max_tokens: int, concurrency: int) -> lis
             return await one(client, i, max_tokens)
 
     return list(await asyncio.gather(*(limited(i) for i in range(requests))))
-
-
-def log_lines(path: Path, ids: set[str], timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
-    """The request log lines of `ids` (a handler the SDK left may log a moment after the client is done)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = {}
-        for text in path.read_bytes().splitlines():
-            try:
-                line = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id") in ids:
-                lines[line["request_id"]] = line
-        if len(lines) == len(ids) or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.2)
 
 
 def report(results: list[dict[str, Any]], lines: dict[str, dict[str, Any]], args: argparse.Namespace,

@@ -5,8 +5,8 @@
 
 Part 1 starts one emulator (profile instant), an OTLP/HTTP sink in this process (it reads and drops
 the exports, answering 200), and four gateways (`gateway serve`, no Redis) pinned to the same CPU:
-  untraced  a copy of the package with the tracing lines cut out of http.py, pipeline.py, context.py
-            and proxy.py
+  untraced  a copy of the package with the tracing lines cut out of http.py, pipeline.py, context.py,
+            stages/proxy.py and stages/embed.py
   off       this build, no OTEL_* variables
   1%        OTEL_EXPORTER_OTLP_ENDPOINT + OTEL_TRACES_SAMPLER=parentbased_traceidratio, ARG 0.01
   100%      the same with parentbased_always_on
@@ -27,7 +27,6 @@ import asyncio
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,21 +36,21 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _load import (  # noqa: E402  (bench/ is not a package: scripts run as files)
-    ROOT, begin, closed_loop, command_line, emulator_argv, free_port, gateway_argv, load_line,
-    md_table, policy_yaml, routes_yaml, wait_http,
-)
+from gateway.bench.configs import policy_yaml, routes_yaml
+from gateway.bench.phases import json_phase
+from gateway.bench.procs import begin, emulator_argv, free_port, gateway_argv, wait_http
+from gateway.bench.report import ROOT, command_line, load_line, md_table
 
 API_KEY = "sk-bench"
 # the tracing code path, cut out of a copy of the package for the `untraced` build: (file, text, replacement)
 UNTRACED_CUTS = (
-    ("pipeline.py", "    trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None\n", ""),
+    ("pipeline.py", "trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None", "pass"),
     ("pipeline.py", "await (stage(ctx) if trace is None else trace.stage(stage, ctx))", "await stage(ctx)"),
     ("http.py", "    if gateway.tracing is not None:\n        ctx.trace = gateway.tracing.start(request.headers, ctx)\n"
                 "        ctx.finishers.append(ctx.trace.finish)\n", ""),
-    ("context.py", "    trace: RequestTrace | None = None  # the request's OpenTelemetry trace, when tracing is on\n", ""),
-    ("stages/proxy.py", "        if ctx.trace is not None:\n            headers = {**headers, **ctx.trace.headers()}\n", ""),
+    ("context.py", "    trace: Trace | None = None  # the request's OpenTelemetry trace, when tracing is on\n", ""),
+    ("stages/proxy.py", "ctx.trace.headers() if ctx.trace is not None else None", "None"),
+    ("stages/embed.py", "ctx.trace.headers() if ctx.trace is not None else None", "None"),
 )
 VARIANTS: dict[str, dict[str, str]] = {
     "untraced": {},
@@ -121,14 +120,14 @@ async def measure(args: argparse.Namespace, gateways: dict[str, tuple[int, int]]
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         for name, (pid, port) in gateways.items():  # warm-up: imports, first connections, JIT-free caches
-            await closed_loop(session, f"http://127.0.0.1:{port}/v1/chat/completions", headers, [body] * 2000,
-                              args.concurrency, 120)
+            await json_phase(session, f"http://127.0.0.1:{port}/v1/chat/completions", headers, [body] * 2000,
+                             args.concurrency, 120)
         for round_ in range(args.rounds):  # every other round in reverse order: no variant always runs first
             for name, (pid, port) in (reversed if round_ % 2 else iter)(list(gateways.items())):
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 await asyncio.sleep(0.5)  # the exporter's last batch (100%) is not billed to the next run
-                phase = await closed_loop(session, url, headers, [body] * args.requests, args.concurrency, 600,
-                                          cpu_pid=pid)
+                phase = await json_phase(session, url, headers, [body] * args.requests, args.concurrency, 600,
+                                         cpu_pid=pid)
                 errors = sum(not s.ok for s in phase.samples) if not args.stream else 0
                 assert phase.gateway_cpu_s is not None
                 us = phase.gateway_cpu_s / len(phase.samples) * 1e6
@@ -140,22 +139,17 @@ async def measure(args: argparse.Namespace, gateways: dict[str, tuple[int, int]]
 
 def tracing_path_costs(requests: int = 4000) -> dict[str, float]:
     """In process, CPU (all threads) per request of the tracing code path alone: a request's stages as
-    no-ops under each class name the tracer knows, run through run_stages and finished; the spans are
-    batched and OTLP-encoded as for export, then dropped (no HTTP). Much less noisy than part 1."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    no-ops under each class name the tracer knows, run through the request path's stage loop and
+    finished; the spans are batched and OTLP-encoded by the exporter thread as for export, then dropped
+    (no HTTP; a queue large enough that none is dropped). Much less noisy than part 1."""
+    from types import SimpleNamespace
 
     from gateway.config.routes import TracingSettings
     from gateway.context import RequestContext
-    from gateway.pipeline import run_stages
+    from gateway.pipeline import RequestPath
     from gateway.testing import gateway_config, tier
     from gateway.tracing.otel import SPANS, Tracing
     from gateway.types import JsonReply
-
-    class EncodeAndDrop(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            encode_spans(spans).SerializePartialToString()
-            return SpanExportResult.SUCCESS
 
     async def noop(self: Any, ctx: Any) -> None:
         ctx.queue_ms = 0.0
@@ -168,12 +162,14 @@ def tracing_path_costs(requests: int = 4000) -> dict[str, float]:
     names = ["ParseStage", "PolicyStage", *SPANS, "RouteStage"]
     stages = [type(n, (), {"__call__": answer if n == "ProxyStage" else noop})() for n in names]
     stages.append(stages.pop(names.index("ProxyStage")))
+    path = SimpleNamespace(stages=tuple(stages))  # what RequestPath.run reads
     config = gateway_config([tier("t", ["http://127.0.0.1:9/v1"])])
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+               "OTEL_BSP_MAX_QUEUE_SIZE": str(requests * 8)}
     costs = {}
     for name, ratio in (("off", None), ("1%", 0.01), ("100%", 1.0)):
-        tracing = Tracing(TracingSettings(endpoint="http://127.0.0.1:9", sample_ratio=ratio)) if ratio else None
-        if tracing is not None:
-            tracing.provider._active_span_processor._span_processors = (BatchSpanProcessor(EncodeAndDrop()),)
+        settings = TracingSettings(endpoint="http://127.0.0.1:9", sample_ratio=ratio)
+        tracing = Tracing(settings, post=lambda body: None, environ=environ) if ratio else None
 
         async def run() -> None:
             for i in range(requests):
@@ -182,15 +178,15 @@ def tracing_path_costs(requests: int = 4000) -> dict[str, float]:
                 if tracing is not None:
                     ctx.trace = tracing.start({}, ctx)
                     ctx.finishers.append(ctx.trace.finish)
-                await run_stages(stages, ctx)
+                await RequestPath.run(path, ctx)  # type: ignore[arg-type]
                 for finish in ctx.finishers:
                     finish(ctx)
 
         cpu0 = time.process_time()
         asyncio.run(run())
         if tracing is not None:
-            tracing.provider.force_flush()
-            tracing.provider.shutdown()
+            tracing.shutdown()  # exports (encodes) what is queued
+            assert tracing.dropped_spans == 0, tracing.dropped_spans
         costs[name] = (time.process_time() - cpu0) / requests * 1e6
     return costs
 

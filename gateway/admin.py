@@ -8,7 +8,7 @@ import hmac
 import orjson
 from aiohttp import web
 
-from gateway.app import GATEWAY, Gateway
+from gateway.state import GATEWAY, Gateway
 from gateway.body import read_body
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound, error_body
 from gateway.explain import explain
@@ -58,7 +58,7 @@ async def admin_explain(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     try:
         _check_admin(request, gateway)
-        raw = await read_body(request, gateway.config.policy.max_body_bytes)
+        raw = await read_body(request, gateway.config.policy.max_body_bytes, gateway.client_limits.body_timeout_s)
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError as err:

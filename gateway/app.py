@@ -4,116 +4,83 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
-from gateway import client_limits
-from gateway.admission.stage import AdmissionStage
+from gateway import admin, http
 from gateway.backends import collector
-from gateway.backends.pool import ReplicaPool
-from gateway.backends.affinity import Affinity
 from gateway.backends.idle import IdleWatchdog
+from gateway.backends.pool import ReplicaPool
 from gateway.backends.probe import Prober
 from gateway.cache.background import BackgroundWrites
 from gateway.cache.connection import connect
+from gateway.cache.embeddings import EmbeddingStore, Vectors
 from gateway.cache.guard import RedisGuard
 from gateway.cache.prefix import PrefixStore
-from gateway.cache.embeddings import EmbeddingStore
 from gateway.cache.responses import ResponseCache
 from gateway.cache.semantic import SemanticIndex
 from gateway.cache.semantic_cache import SemanticCache
-from gateway.limits.limiter import Limiter
-from gateway.limits.replicas import Replicas
+from gateway.client_limits import ClientLimits
 from gateway.config import GatewayConfig
 from gateway.config.reload import ConfigReloader
+from gateway.dashboard import routes as dashboard
+from gateway.experiments.feedback import FeedbackStore, RequestOwners
+from gateway.experiments.serving import (
+    BackgroundEncoder, GatewaySend, OwnerRecorder, ShadowTap, admission_pressure,
+)
+from gateway.experiments.shadow import AgreementScorer, PairStore, ShadowSender
+from gateway.limits.limiter import Limiter
+from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline import RequestPath
 from gateway.stages.account import Accountant
+from gateway.stages.admission import AdmissionStage
+from gateway.stages.affinity import AffinityStage
 from gateway.stages.cache import CacheStage
 from gateway.stages.classify import ClassifyStage
-from gateway.stages.embed import EmbedStage
+from gateway.stages.embed import EmbedStage, RemoteEmbeddings
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
 from gateway.stages.route import RouteStage
+from gateway.state import GATEWAY, Gateway
 from gateway.tokens import TokenCounters
-from gateway.types import DifficultyScorer, Stage
+from gateway.types import DifficultyScorer
 
-if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded, OpenTelemetry when tracing is on
+if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded
     from gateway.classifier.embedder import CachedEmbedder
-    from gateway.tracing import Tracing
 
 BODY_CEILING = 64 * 1024 * 1024  # hard cap; the policy's max_body_bytes is the real limit
 
 
-@dataclass(slots=True)
-class Gateway:
-    """What the handlers need: the serving config, the stages and the accounting."""
-
-    config: GatewayConfig
-    accountant: Accountant
-    metrics: GatewayMetrics
-    pool: ReplicaPool
-    stages: tuple[Stage, ...] = field(default=())
-    redis: RedisGuard | None = None
-    reloader: ConfigReloader | None = None
-    scorer: DifficultyScorer | None = None
-    responses: ResponseCache | None = None
-    replicas: Replicas | None = None
-    tracing: Tracing | None = None
-
-    def serve(self, config: GatewayConfig) -> None:
-        """Swap in a new config version: requests that start from now on use it."""
-        self.config = config
-
-
-GATEWAY = web.AppKey("gateway", Gateway)
-
-
 def create_app(
     config: GatewayConfig, scorer: DifficultyScorer | None = None, redis_url: str | None = None,
-    config_files: tuple[Path, Path] | None = None,
+    config_files: tuple[Path, Path] | None = None, client_limits: ClientLimits | None = None,
+    shadow_pairs: Path | None = None,
 ) -> web.Application:
     """The gateway app. `scorer` rates prompt difficulty for model 'auto' (None: always the default tier);
     `redis_url` enables the caches (None: no Redis, nothing cached); `config_files` (routes, policy) are
-    watched and hot-reloaded (None: the config is fixed)."""
-    from gateway import admin, http  # the handlers import GATEWAY from here
-    from gateway.dashboard import routes as dashboard
-
+    watched and hot-reloaded (None: the config is fixed); `client_limits` bound how slow a client may be;
+    `shadow_pairs` is the JSONL file shadow comparisons are appended to (None: Redis only, when there is Redis)."""
     metrics = GatewayMetrics()
-    gateway = Gateway(config, Accountant(TokenCounters(), metrics), metrics, ReplicaPool(), scorer=scorer)
+    limits = client_limits or ClientLimits()
+    gateway = Gateway(config, Accountant(TokenCounters(), metrics), metrics, ReplicaPool(), limits, scorer=scorer)
+    gateway.pool.configure(config.routes)
     collector.register(gateway.pool, metrics.registry)
     gateway.accountant.prepare(config)  # load tokenizers now, never on the request path
     if config_files is not None:
         gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.accountant.prepare)
-    app = web.Application(client_max_size=BODY_CEILING, handler_args=client_limits.handler_args())
+    app = web.Application(client_max_size=BODY_CEILING, handler_args=limits.handler_args())
     app[GATEWAY] = gateway
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-            responses, affinity, semantic, writes = None, None, None, BackgroundWrites()
-            sentences: CachedEmbedder | None = None
-            if redis_url:
-                timeout_s = config.routes.redis.op_timeout_ms / 1000
-                gateway.redis = RedisGuard(connect(redis_url), op_timeout_s=timeout_s, registry=metrics.registry)
-                responses = gateway.responses = ResponseCache(gateway.redis, writes)
-                affinity = Affinity(PrefixStore(gateway.redis), writes, gateway.pool)
-                if (shared := _share_embeddings(scorer, gateway.redis, responses, writes)) is not None:
-                    semantic, sentences = shared
-            if sentences is None and any(t.embedder for t in config.routes.tiers):
-                sentences = _sentences(scorer, gateway.redis)
-            stages: list[Stage] = [
-                ParseStage(), PolicyStage(_limiter(gateway, writes)), ClassifyStage(scorer),
-                RouteStage(gateway.pool), CacheStage(responses, semantic), *([affinity] if affinity else []),
-            ]
-            watchdog = IdleWatchdog()
-            gateway.stages = (*stages, AdmissionStage(gateway.pool, metrics),
-                              EmbedStage(sentences, gateway.accountant.count_tokens),
-                              ProxyStage(session, gateway.pool, watchdog, metrics, gateway.accountant.count_tokens))
+            writes, watchdog = BackgroundWrites(), IdleWatchdog()
+            gateway.path, sentences = _request_path(gateway, session, redis_url, writes, watchdog, shadow_pairs)
             stop_watching = asyncio.Event()
             idle_sweeps, loops = _background(gateway, session, watchdog, stop_watching)
             try:
@@ -122,6 +89,7 @@ def create_app(
                 idle_sweeps.cancel()
                 stop_watching.set()
                 await asyncio.gather(*loops)
+                await _close_experiments(gateway)
                 await writes.drain()
                 if sentences is not None:
                     await sentences.aclose()
@@ -134,6 +102,67 @@ def create_app(
     dashboard.add_routes(app)
     http.add_routes(app)  # last: its catch-all answers unknown paths
     return app
+
+
+def _request_path(gateway: Gateway, session: aiohttp.ClientSession, redis_url: str | None,
+                  writes: BackgroundWrites, watchdog: IdleWatchdog,
+                  shadow_pairs: Path | None = None) -> tuple[RequestPath, CachedEmbedder | None]:
+    """The stages over the app's resources (Redis when `redis_url` is set), and the sentence encoder
+    the embedding tiers and the semantic cache share (None: neither needs one)."""
+    config, pool, metrics, scorer = gateway.config, gateway.pool, gateway.metrics, gateway.scorer
+    prefixes, semantic, sentences = None, None, None
+    if redis_url:
+        timeout_s = config.routes.redis.op_timeout_ms / 1000
+        gateway.redis = RedisGuard(connect(redis_url), op_timeout_s=timeout_s, registry=metrics.registry)
+        gateway.responses = ResponseCache(gateway.redis, writes)
+        prefixes = PrefixStore(gateway.redis)
+        if (shared := _share_embeddings(scorer, gateway.redis, gateway.responses, writes)) is not None:
+            semantic, sentences = shared
+    if sentences is None and any(t.embedder for t in config.routes.tiers):
+        sentences = _sentences(scorer, gateway.redis)
+    affinity = AffinityStage(pool, prefixes, writes)
+    count_tokens = gateway.accountant.count_tokens
+    admission = AdmissionStage(pool, metrics, affinity)
+    proxy = ProxyStage(session, pool, watchdog, metrics, count_tokens)
+    record_owner, shadow_tap = _experiments(gateway, admission, proxy, shadow_pairs)
+    path = RequestPath(
+        parse=ParseStage(),
+        policy=PolicyStage(_limiter(gateway, writes), record_owner),
+        classify=ClassifyStage(scorer),
+        route=RouteStage(pool, shadow_tap),
+        cache=CacheStage(gateway.responses, semantic),
+        affinity=affinity,
+        admission=admission,
+        embed=EmbedStage(sentences, count_tokens, RemoteEmbeddings(
+            session, pool, metrics, Vectors(gateway.redis, writes) if gateway.redis is not None else None)),
+        proxy=proxy,
+        account=gateway.accountant,
+    )
+    return path, sentences
+
+
+def _experiments(gateway: Gateway, admission: AdmissionStage, proxy: ProxyStage,
+                 shadow_pairs: Path | None) -> tuple[OwnerRecorder, ShadowTap]:
+    """Issue 22's parts on the request path: the request owners feedback is checked against, and the shadow
+    comparisons (their agreement scored on a sentence encoder of their own, at the lowest CPU priority)."""
+    gateway.owners = RequestOwners(gateway.redis)
+    gateway.feedback = FeedbackStore(gateway.redis) if gateway.redis is not None else None
+    send = GatewaySend(lambda: gateway.config, gateway.pool, admission, proxy, gateway.accountant.count_tokens)
+    gateway.shadow = ShadowSender(send, AgreementScorer(BackgroundEncoder()), PairStore(gateway.redis, shadow_pairs),
+                                  admission_pressure(admission))
+    gateway.shadow.start()
+    return OwnerRecorder(gateway.owners), ShadowTap(gateway.shadow)
+
+
+async def _close_experiments(gateway: Gateway) -> None:
+    """Stop the shadow workers (jobs in flight are dropped), close an encoder they opened, write pending owners."""
+    if gateway.shadow is not None:
+        await gateway.shadow.aclose()
+        embedder = gateway.shadow.scorer.embedder
+        if isinstance(embedder, BackgroundEncoder):
+            await embedder.aclose()
+    if gateway.owners is not None:
+        await gateway.owners.aclose()
 
 
 async def _traces(app: web.Application) -> AsyncIterator[None]:

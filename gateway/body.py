@@ -17,7 +17,6 @@ import zlib
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from gateway import client_limits
 from gateway.errors import BodyTooLarge, InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 JSON = "application/json"
@@ -25,12 +24,17 @@ WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # deflate in H
 ENCODINGS = ("identity", *WBITS)
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The decoded body, or a GatewayError naming the header or limit at fault."""
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The decoded body, at most `limit` bytes within `timeout_s`, or a GatewayError naming the header or
+    limit at fault."""
     decoder = _decoder(request)
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"the request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
-    timeout_s = client_limits.LIMITS.body_timeout_s
+    if decoder is None and request.content.is_eof():  # the whole body came with the headers: nothing to wait for
+        whole = request.content.read_nowait()
+        if len(whole) > limit:
+            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+        return whole
     raw = bytearray()
     try:
         async with asyncio.timeout(timeout_s):

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from gateway.config import GatewayConfig
     from gateway.types import DifficultyScorer
 
@@ -39,9 +41,10 @@ def _guarded(run: Callable[[], int]) -> int:
 
 PASS_THROUGH = {
     "costs": "cost report over request logs: totals, percentiles, savings, CSV, chart",
-    "train": "fit the difficulty head on a labeled JSONL and export it (the train extra)",
+    "train": "fit the difficulty head on a labeled JSONL (or --from-shadow pairs) and export it (the train extra)",
     "calibrate": "set routing bands so given shares of a prompt sample reach each tier",
     "bench": "load a server with ShareGPT or synthetic requests; TTFT/TPOT/ITL/E2E, goodput, plots",
+    "experiments": "routing experiments: per-arm report with bootstrap intervals; promote an arm (policy diff)",
 }
 
 
@@ -50,15 +53,23 @@ def _pass_through(command: str, rest: Sequence[str]) -> int:
         from gateway.accounting.report import run_costs
 
         return run_costs(rest)
+    if command == "train" and "--from-shadow" in rest:  # labels from the gateway's shadow pairs (issue 22)
+        from gateway.training.shadow_labels import run_from_shadow
+
+        return run_from_shadow(rest)
     if command == "train":
-        from gateway.classifier.train import run_train
+        from gateway.training.train import run_train
 
         return run_train(rest)
     if command == "bench":
         from gateway.bench.cli import run_bench
 
         return run_bench(rest)
-    from gateway.classifier.calibrate import run_calibrate
+    if command == "experiments":
+        from gateway.experiments.cli import run_experiments
+
+        return run_experiments(rest)
+    from gateway.training.calibrate import run_calibrate
 
     return run_calibrate(rest)
 
@@ -122,6 +133,9 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-max-bytes", type=int, help="rotate the log file at this size")
     parser.add_argument("--log-backups", type=int, default=7, help="rotated files kept (size rotation)")
     parser.add_argument("--log-daily", action="store_true", help="rotate the log file at midnight UTC")
+    parser.add_argument("--shadow-pairs", type=Path, default=Path(".gateway/shadow-pairs.jsonl"), metavar="PATH",
+                        help="append shadow comparison pairs here, for `gateway train --from-shadow` "
+                             "(written only when a policy has a `shadow:` rule)")
 
 
 def _add_redis_args(parser: argparse.ArgumentParser) -> None:
@@ -161,9 +175,13 @@ def _load(args: argparse.Namespace) -> GatewayConfig | None:
 
 
 def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
-    """The difficulty classifier the policy's bands need (None when no tenant routes by bands)."""
+    """The difficulty classifier the policy's bands need (None when no tenant, and no experiment arm, routes by
+    bands). An arm's bands read the same folder as the rest of the policy (the loader refuses others)."""
+    from gateway.config.tenants import classifier_folders
+
     tenants = [*config.tenants_by_key_hash.values(), *([config.anonymous] if config.anonymous else [])]
-    folders = sorted({t.routing.classifier for t in tenants if t.routing})
+    base, arms_only = classifier_folders(tenants)
+    folders = base or arms_only
     if not folders:
         return None
     if len(folders) > 1:
@@ -173,9 +191,46 @@ def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
     path = Path(folders[0])
     if not path.is_absolute() and not path.exists():
         path = Path(__file__).resolve().parents[1] / path  # relative to the repository
-    classifier = load_classifier(path)
-    print(f"classifier {path} on {classifier.provider}", file=sys.stderr)
+    classifier = load_classifier(path, cuts=band_cuts(config))
+    cascade = "" if classifier.cascade is None else f", cascade on (cuts {', '.join(f'{c:g}' for c in classifier.cascade.cuts or ())})"
+    print(f"classifier {path} on {classifier.provider}{cascade}", file=sys.stderr)
     return classifier
+
+
+def band_cuts(config: GatewayConfig) -> tuple[float, ...]:
+    """Every cut a difficulty band of this config has (each tenant's bands and each experiment arm's): the
+    scores the classifier's cascade must not guess across."""
+    tenants = [*config.tenants_by_key_hash.values(), *([config.anonymous] if config.anonymous else [])]
+    routings = [t.routing for t in tenants]
+    routings += [a.policy.routing for t in tenants if t.plan for e in t.plan.experiments for a in e.arms]
+    return tuple(sorted({b.below for r in routings if r is not None for b in r.bands
+                         if b.below is not None and b.below < 1.0}))
+
+
+class _ServedCuts:
+    """The band cuts of the config an app serves now, recomputed when a reload swaps the config in."""
+
+    def __init__(self, app: web.Application) -> None:
+        from gateway.state import GATEWAY
+
+        self._gateway = app[GATEWAY]
+        self._config: GatewayConfig | None = None
+        self._cuts: tuple[float, ...] = ()
+
+    def __call__(self) -> tuple[float, ...]:
+        config = self._gateway.config
+        if config is not self._config:
+            self._config, self._cuts = config, band_cuts(config)
+        return self._cuts
+
+
+def _follow_reloads(scorer: DifficultyScorer | None, app: web.Application) -> web.Application:
+    """Let the classifier's cascade follow the cuts of reloaded policies (it reads them before each score)."""
+    from gateway.classifier.difficulty import DifficultyClassifier
+
+    if isinstance(scorer, DifficultyClassifier) and scorer.cascade is not None:
+        scorer.follow_cuts(_ServedCuts(app))
+    return app
 
 
 @contextmanager
@@ -185,16 +240,19 @@ def _logging(args: argparse.Namespace) -> Iterator[None]:
     from gateway.accounting.logfile import RotatingLogFile
 
     if args.log_file is None:
-        configure_logging(None)
-        yield
+        batched = configure_logging(None)
+        try:
+            yield
+        finally:
+            batched.drain()  # stdout stays open
         return
     stream = RotatingLogFile(args.log_file, max_bytes=args.log_max_bytes, backups=args.log_backups,
                              daily=args.log_daily)
-    configure_logging(stream)  # type: ignore[arg-type]  # a binary file-like object: write, flush
+    batched = configure_logging(stream)
     try:
         yield
     finally:
-        stream.close()
+        batched.close()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -206,7 +264,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     with _logging(args), _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
-        app = create_app(config, _scorer(config), redis_url, config_files=(args.routes, args.policies))
+        scorer = _scorer(config)
+        app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
+                                                 shadow_pairs=args.shadow_pairs))
         server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
     return 0
 
@@ -219,7 +279,9 @@ def _up(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     with _logging(args), _redis(args, config) as redis_url:
-        app = create_app(config, _scorer(config), redis_url, config_files=(args.routes, args.policies))
+        scorer = _scorer(config)
+        app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
+                                                 shadow_pairs=args.shadow_pairs))
         return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
 
 

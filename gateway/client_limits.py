@@ -20,19 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 
-
 @dataclass(frozen=True, slots=True)
 class ClientLimits:
+    """Each app's own (`create_app(client_limits=...)`); tests pass shorter ones."""
+
     header_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
 
-
-LIMITS = ClientLimits()  # tests swap in shorter ones with monkeypatch
-
-
-def handler_args(limits: ClientLimits | None = None) -> dict[str, Any]:
-    """aiohttp request-handler settings for `web.Application(handler_args=...)` or `web.AppRunner(...)`."""
-    limits = limits or LIMITS
-    # bodies are decoded by gateway.body, which answers a bad or unknown Content-Encoding in the OpenAI shape
-    return {"keepalive_timeout": limits.header_timeout_s, "auto_decompress": False}
+    def handler_args(self) -> dict[str, Any]:
+        """aiohttp request-handler settings for `web.Application(handler_args=...)` or `web.AppRunner(...)`."""
+        # bodies are decoded by gateway.body, which answers a bad or unknown Content-Encoding in the OpenAI shape
+        return {"keepalive_timeout": self.header_timeout_s, "auto_decompress": False}

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
+from gateway.config.tenants import Assignment
 from gateway.tokens import prompt_text
-from gateway.types import CacheStatus, Endpoint, Outcome, UsageSource
+from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
 
-if TYPE_CHECKING:
-    from gateway.protocols.base import Wire
-    from gateway.tracing import RequestTrace
+
+class Trace(Protocol):
+    """What the request path asks of a request's trace (gateway.tracing.otel.RequestTrace)."""
+
+    recording: bool  # sampled: the stages get spans
+
+    def stage(self, stage: Callable[[RequestContext], Awaitable[Reply | None]],
+              ctx: RequestContext) -> Awaitable[Reply | None]: ...
+
+    def headers(self) -> dict[str, str]: ...  # traceparent (and tracestate) for the backend
+
+    def finish(self, ctx: RequestContext) -> None: ...
 
 
 @dataclass(slots=True)
@@ -24,13 +34,14 @@ class RequestContext:
     api_key: str | None
     started: float  # time.perf_counter() when the request reached the gateway
     ts: float  # wall-clock time of the same moment
-    wire: Wire | None = None  # the client's protocol when not OpenAI chat/completions (translated at the edge)
+    wire: ClientWire | None = None  # the client's protocol when not OpenAI chat/completions (translated at the edge)
 
     body: dict[str, Any] = field(default_factory=dict)
     model_requested: str | None = None
     stream: bool = False
     client_wants_usage: bool = False
-    tenant: TenantPolicy | None = None  # set by the policy stage
+    tenant: TenantPolicy | None = None  # set by the policy stage (an experiment arm's policy when in one)
+    assignment: Assignment | None = None  # the experiment arm the request is in (policy stage)
     max_tokens: int | None = None
 
     difficulty: float | None = None  # the classifier's score, for model 'auto'
@@ -54,7 +65,8 @@ class RequestContext:
     completion_tokens: int | None = None
     usage_source: UsageSource | None = None
     output_chunks: int = 0  # streamed chunks with content: one token each on llama.cpp and vLLM
-    response_text: str | None = None  # the answer's text: non-streamed, or streamed while caching
+    response_text: str | None = None  # the answer's text: non-streamed, or streamed while caching or keep_text
+    keep_text: bool = False  # collect a streamed answer's text (a shadow comparison needs it)
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
@@ -65,7 +77,7 @@ class RequestContext:
     cache_key: str | None = None  # set on a miss that may be stored
     finishers: list[Callable[[RequestContext], None]] = field(default_factory=list)  # after accounting
     first_byte_hooks: list[Callable[[float], None]] = field(default_factory=list)  # the upstream answered
-    trace: RequestTrace | None = None  # the request's OpenTelemetry trace, when tracing is on
+    trace: Trace | None = None  # the request's OpenTelemetry trace, when tracing is on
     _prompt_text: str | None = None
 
     @property

@@ -13,20 +13,23 @@ import orjson
 import structlog
 from aiohttp import web
 
-from gateway import client_limits
-from gateway.app import GATEWAY, Gateway
-from gateway.context import RequestContext
 from gateway.body import JSON, read_body
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound, UpstreamError, error_body
+from gateway.context import RequestContext
+from gateway.errors import (
+    AuthenticationFailed, GatewayError, MethodNotAllowed, NotFound, Overloaded, UpstreamError, error_body,
+)
+from gateway.experiments.feedback import submit_feedback
 from gateway.openapi import openapi_spec
-from gateway.pipeline import run_stages
 from gateway.protocols import WIRES
 from gateway.protocols.base import Wire, render
 from gateway.server import LIFECYCLE
+from gateway.stages.policy import resolve_tenant
+from gateway.state import GATEWAY, Gateway
 from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-POST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings")
+POST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings",
+              "/v1/feedback")
 
 log = structlog.get_logger("gateway.http")
 _ID_PREFIX = os.urandom(6).hex()  # per process: ids stay unique across gateway replicas
@@ -42,6 +45,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/feedback", feedback)
     for path, wire in WIRES.items():
         app.router.add_post(path, _translated(wire))
     app.router.add_get("/v1/models", models)
@@ -72,7 +76,12 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 
 async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = None) -> web.StreamResponse:
+    """One request through the request path (`gateway.pipeline`): its reply, or its error in the client's
+    protocol; then, whatever happened, accounting and the stages' finishers."""
     gateway = request.app[GATEWAY]
+    path = gateway.path
+    if path is None:  # aiohttp serves only once the resources are open: a guard, not a state
+        return web.Response(body=error_body(Overloaded("the gateway is starting")), status=503, content_type=JSON)
     key = _bearer(request) or (request.headers.get(wire.key_header) if wire and wire.key_header else None)
     ctx = RequestContext(next_request_id(), endpoint, gateway.config, b"", key, time.perf_counter(), time.time(), wire)
     if gateway.tracing is not None:
@@ -81,12 +90,13 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
     gateway.metrics.in_flight.inc()
     reply = None
     try:
-        ctx.raw_body = await read_body(request, ctx.config.policy.max_body_bytes)
-        reply = await run_stages(gateway.stages, ctx)
+        ctx.raw_body = await read_body(request, ctx.config.policy.max_body_bytes,
+                                       gateway.client_limits.body_timeout_s)
+        reply = await path.run(ctx)
         if wire is not None:
             reply = render(wire, ctx, reply, gateway.accountant.count_tokens)
         if isinstance(reply, StreamReply):
-            return await _stream(request, ctx, reply)
+            return await _stream(request, ctx, reply, gateway.client_limits.write_timeout_s)
         ctx.status = reply.status
         headers = _headers(ctx, reply.headers)
         return web.Response(body=reply.body, status=reply.status, headers=headers, content_type=JSON)
@@ -105,11 +115,11 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
         if isinstance(reply, StreamReply):
             reply.source.close()
         gateway.metrics.in_flight.dec()
-        gateway.accountant.settle(ctx)
-        _finish(ctx)
+        path.finish(ctx)
 
 
-async def _stream(request: web.Request, ctx: RequestContext, reply: StreamReply) -> web.StreamResponse:
+async def _stream(request: web.Request, ctx: RequestContext, reply: StreamReply,
+                  write_timeout_s: float) -> web.StreamResponse:
     response = web.StreamResponse(headers=_headers(ctx, {**SSE_HEADERS, **reply.headers}))
     ctx.status = 200
     await response.prepare(request)
@@ -120,18 +130,17 @@ async def _stream(request: web.Request, ctx: RequestContext, reply: StreamReply)
     async for chunk in reply.source.chunks():
         if transport is None or (len(chunk) < safe and not transport.get_write_buffer_size()):
             await response.write(chunk)
-        elif not await _write_behind(response, transport, ctx, chunk):
+        elif not await _write_behind(response, transport, ctx, chunk, write_timeout_s):
             return response
     await response.write_eof()
     return response
 
 
 async def _write_behind(
-    response: web.StreamResponse, transport: asyncio.Transport, ctx: RequestContext, chunk: bytes
+    response: web.StreamResponse, transport: asyncio.Transport, ctx: RequestContext, chunk: bytes, timeout_s: float
 ) -> bool:
-    """Write to a client that is behind; one that takes nothing for the write timeout is dropped
+    """Write to a client that is behind; one that takes nothing for `timeout_s` is dropped
     (the caller's `finally` then cancels the upstream). False when it was dropped."""
-    timeout_s = client_limits.LIMITS.write_timeout_s
     try:
         async with asyncio.timeout(timeout_s):
             await response.write(chunk)
@@ -150,15 +159,6 @@ def _bearer(request: web.Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def _finish(ctx: RequestContext) -> None:
-    """Run what stages left for after the answer (cache stores); a failure there is only logged."""
-    for finish in ctx.finishers:
-        try:
-            finish(ctx)
-        except Exception:
-            log.exception("finisher_failed", request_id=ctx.request_id)
-
-
 def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     headers = {"x-request-id": ctx.request_id}
     if ctx.tier is not None:
@@ -167,6 +167,8 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
         headers["x-gateway-backend"] = ctx.replica.name
     if ctx.difficulty is not None:
         headers["x-gateway-difficulty"] = f"{ctx.difficulty:.4f}"
+    if ctx.assignment is not None:
+        headers["x-gateway-arm"] = ctx.assignment.header
     if extra:
         headers.update(extra)
     return headers
@@ -179,6 +181,24 @@ def _error(ctx: RequestContext, err: GatewayError, outcome: Outcome) -> web.Resp
     headers = _headers(ctx, err.headers())
     body = error_body(err) if ctx.wire is None else ctx.wire.error_body(err)
     return web.Response(body=body, status=err.status, headers=headers, content_type=JSON)
+
+
+async def feedback(request: web.Request) -> web.Response:
+    """POST /v1/feedback: a score in [0, 1] (or thumbs up/down) for one of the caller's tenant's answers, by its
+    x-request-id (`gateway.experiments.feedback`). An API key is required, even where anonymous requests are allowed."""
+    gateway = request.app[GATEWAY]
+    try:
+        key = _bearer(request)
+        if key is None:
+            raise AuthenticationFailed("feedback needs an API key: send 'Authorization: Bearer <key>'")
+        tenant = resolve_tenant(gateway.config, key)
+        if gateway.owners is None:  # aiohttp serves only once the resources are open: a guard, not a state
+            raise Overloaded("the gateway is starting")
+        raw = await read_body(request, gateway.config.policy.max_body_bytes, gateway.client_limits.body_timeout_s)
+        reply = await submit_feedback(raw, tenant.name, gateway.owners, gateway.feedback)
+    except GatewayError as err:
+        return web.Response(body=error_body(err), status=err.status, headers=err.headers(), content_type=JSON)
+    return web.Response(body=orjson.dumps(reply), content_type=JSON)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -197,7 +217,7 @@ async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     lifecycle = request.app.get(LIFECYCLE)
     draining = lifecycle is not None and lifecycle.draining
-    ready = bool(gateway.stages) and not draining
+    ready = gateway.path is not None and not draining
     redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
     status = "draining" if draining else "ready" if ready else "starting"
     body = {"status": status, "config_version": gateway.config.version, "tiers": list(gateway.config.tiers),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.config import GatewayConfig
+from gateway.experiments.feedback import MAX_COMMENT, REQUEST_ID, THUMBS
 from gateway.stages.parse import MAX_MESSAGES, MAX_TOKENS_CEILING, NUMBER_RANGES, ROLES
 from gateway.types import AUTO_MODEL
 
@@ -57,8 +58,8 @@ ERROR_STATUSES = {
 
 def openapi_spec(config: GatewayConfig) -> Schema:
     """The OpenAPI document for a gateway serving `config`."""
-    models = [AUTO_MODEL, *(name for name, tier in config.tiers.items() if tier.embedder is None)]
-    embedders = [name for name, tier in config.tiers.items() if tier.embedder is not None]
+    models = [AUTO_MODEL, *(name for name, tier in config.tiers.items() if tier.endpoint == "chat")]
+    embedders = {name: tier.dimensions or 0 for name, tier in config.tiers.items() if tier.endpoint == "embeddings"}
     bearer: list[Schema] = [{"apiKey": []}]
     return {
         "openapi": "3.1.0",
@@ -69,6 +70,7 @@ def openapi_spec(config: GatewayConfig) -> Schema:
             "/v1/chat/completions": {"post": _completion("chat", models, bearer)},
             "/v1/completions": {"post": _completion("completions", models, bearer)},
             **_translated(models, embedders, bearer),
+            "/v1/feedback": {"post": _feedback(bearer)},
             "/v1/models": {"get": _get("the models: auto and each tier (embedding tiers too)",
                                        _json({"type": "object"}))},
             "/healthz": {"get": _get("liveness", _json({"type": "object"}))},
@@ -136,7 +138,7 @@ def _post(summary: str, body: Schema, security: list[Schema], error: str = "Erro
     }
 
 
-def _translated(models: list[str], embedders: list[str], bearer: list[Schema]) -> Schema:
+def _translated(models: list[str], embedders: dict[str, int], bearer: list[Schema]) -> Schema:
     """The paths of the other protocols: OpenAI Responses, Anthropic Messages, embeddings."""
     sampling = {name: {"type": ["number", "null"], "minimum": low, "maximum": high}
                 for name, (low, high) in NUMBER_RANGES.items() if name in ("temperature", "top_p")}
@@ -157,15 +159,37 @@ def _translated(models: list[str], embedders: list[str], bearer: list[Schema]) -
                          "items": {"type": "string", "minLength": 1}}]}
     embeddings = {"type": "object", "required": ["model", "input"], "additionalProperties": True, "properties": {
         "model": {"enum": [AUTO_MODEL, *embedders]}, "input": inputs, "encoding_format": {"enum": ["float", "base64"]},
-        "dimensions": {"const": 384}, "user": {"type": "string"}}}
+        "dimensions": {"enum": sorted(set(embedders.values()))}, "user": {"type": "string"}}}
     anthropic: list[Schema] = [{"anthropicKey": []}, *bearer]
     paths = {"/v1/responses": {"post": _post("OpenAI Responses (stateless), via chat completions", responses, bearer)},
              "/v1/messages": {"post": _post("Anthropic Messages, via chat completions", messages, anthropic,
                                             "AnthropicError")}}
     if embedders:
-        paths["/v1/embeddings"] = {"post": _post("embeddings of the in-process encoder", embeddings, bearer,
-                                                 stream=False)}
+        paths["/v1/embeddings"] = {"post": _post("embeddings of an embedding tier (in process or its replicas); "
+                                                 "`dimensions`: the tier's own only", embeddings, bearer, stream=False)}
     return paths
+
+
+def _feedback(security: list[Schema]) -> Schema:
+    """POST /v1/feedback: a score for one of the tenant's answers (gateway.experiments.feedback)."""
+    body = {"type": "object", "required": ["request_id"], "additionalProperties": False, "properties": {
+        "request_id": {"type": "string", "pattern": REQUEST_ID.pattern, "description": "the answer's x-request-id"},
+        "score": {"type": "number", "minimum": 0, "maximum": 1}, "thumbs": {"enum": sorted(THUMBS)},
+        "comment": {"type": "string", "maxLength": MAX_COMMENT}},
+        "oneOf": [{"required": ["score"], "not": {"required": ["thumbs"]}},
+                  {"required": ["thumbs"], "not": {"required": ["score"]}}]}
+    ok = {"type": "object", "required": ["object", "request_id", "score", "created"], "properties": {
+        "object": {"const": "feedback"}, "request_id": {"type": "string"}, "score": {"type": "number"},
+        "created": {"type": "integer"}, "experiment": {"type": ["string", "null"]},
+        "arm": {"type": ["string", "null"]}}}
+    errors = {"400": "invalid body: the message names the field", "401": "missing or unknown API key",
+              "404": "no such request for this API key (unknown, expired, or another tenant's)",
+              "408": ERROR_STATUSES["408"], "413": ERROR_STATUSES["413"],
+              "415": "unsupported Content-Encoding", "503": "the request store is unavailable (Retry-After)"}
+    return {"summary": "feedback on an answer: a score in [0, 1] or thumbs up/down, stored and logged",
+            "security": security,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": {"200": _json(ok, "accepted"), **{status: _error(why) for status, why in errors.items()}}}
 
 
 def _admin_responses() -> Schema:

@@ -1,19 +1,78 @@
-"""The ordered stages of the request path and the loop that runs them."""
+"""The request path: the stages every request runs through, in order, and what runs after the answer.
+
+    parse → policy → classify → route → cache → affinity → admission → embed → proxy,  then  account → finishers
+
+A stage returns a reply to stop the request there (a cache hit, an embedding, the proxied answer), None
+to go on, or raises a GatewayError to refuse it (the edge renders the error). Whatever happened, the edge
+then calls `RequestPath.finish`: accounting prices the request and writes its one log line, then the
+finishers the stages left on the context run (limiter booking, cache store, prefix record, admission
+permit release, trace end). Finishers run after accounting because some read what it sets (`cost_usd`,
+the settled token counts), and each runs in its own guard, so a failure in one never skips another.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.types import Reply, Stage
+from gateway.stages.account import Accountant
+from gateway.stages.admission import AdmissionStage
+from gateway.stages.affinity import AffinityStage
+from gateway.stages.cache import CacheStage
+from gateway.stages.classify import ClassifyStage
+from gateway.stages.embed import EmbedStage
+from gateway.stages.parse import ParseStage
+from gateway.stages.policy import PolicyStage
+from gateway.stages.proxy import ProxyStage
+from gateway.stages.route import RouteStage
+from gateway.types import Reply
+
+log = structlog.get_logger("gateway.pipeline")
 
 
-async def run_stages(stages: Sequence[Stage], ctx: RequestContext) -> Reply:
-    """Run stages in order until one returns a reply (a stage stops the request by raising)."""
-    trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None
-    for stage in stages:
-        reply = await (stage(ctx) if trace is None else trace.stage(stage, ctx))
-        if reply is not None:
-            return reply
-    raise GatewayError("no stage produced a reply")
+class Stage(Protocol):
+    """One step of the request path: returns a reply to stop there, None to go on; raises to refuse."""
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPath:
+    """The stages in the order they run (the fields' order is the order), and the accountant after them."""
+
+    parse: ParseStage  # the body: JSON, fields, model, stream
+    policy: PolicyStage  # the tenant from the API key; its limits, rate limit and budget
+    classify: ClassifyStage  # difficulty, for model 'auto' under a policy with bands
+    route: RouteStage  # the tier, and its replicas ranked by predicted TTFT
+    cache: CacheStage  # a stored answer to a repeated deterministic request
+    affinity: AffinityStage  # the replica holding the prompt's prefix first, when worth it
+    admission: AdmissionStage  # a slot of the tier within the tenant's TTFT objective, or shed
+    embed: EmbedStage  # /v1/embeddings on a tier served in process
+    proxy: ProxyStage  # the tier's replicas, in order, until one answers; then the relay
+    account: Accountant  # after the answer: tokens, cost, the log line, metrics
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        return (self.parse, self.policy, self.classify, self.route, self.cache, self.affinity, self.admission,
+                self.embed, self.proxy)
+
+    async def run(self, ctx: RequestContext) -> Reply:
+        """Run the stages in order until one replies."""
+        trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None
+        for stage in self.stages:
+            reply = await (stage(ctx) if trace is None else trace.stage(stage, ctx))
+            if reply is not None:
+                return reply
+        raise GatewayError("no stage produced a reply")
+
+    def finish(self, ctx: RequestContext) -> None:
+        """After the answer (or the error) went out: accounting, then each finisher, each in its own guard."""
+        for step in (self.account.settle, *ctx.finishers):
+            try:
+                step(ctx)
+            except Exception:
+                log.exception("finisher_failed", request_id=ctx.request_id, step=getattr(step, "__qualname__", "?"))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from gateway.context import RequestContext
+from gateway.errors import GatewayError
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 UsageSource = Literal["backend", "counted", "cache"]
@@ -46,12 +45,6 @@ class StreamReply:
 Reply = JsonReply | StreamReply
 
 
-class Stage(Protocol):
-    """One step of the request path: returns a reply to stop there, or None to go on."""
-
-    async def __call__(self, ctx: RequestContext) -> Reply | None: ...
-
-
 class TokenCounter(Protocol):
     """Counts tokens as one backend does (see gateway.tokens)."""
 
@@ -64,3 +57,14 @@ class DifficultyScorer(Protocol):
     """Scores how hard a prompt is for the small tier, in [0, 1]."""
 
     async def score(self, text: str) -> float: ...
+
+
+class ClientWire(Protocol):
+    """What the request path asks of a client protocol translated at the edge (gateway.protocols.base.Wire)."""
+
+    name: str
+    key_header: str | None  # a header holding the API key besides Authorization: Bearer
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def error_body(self, err: GatewayError) -> bytes: ...

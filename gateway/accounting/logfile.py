@@ -1,5 +1,6 @@
-"""A log file that rotates by size or at UTC midnight. Every line is flushed as written (structlog's
-BytesLogger flushes per call), so a crash or SIGTERM loses none; rotation closes and reopens.
+"""A log file that rotates by size or at UTC midnight; rotation closes and reopens. Lines reach it in
+batches (`gateway.accounting.log.BatchedStream`, every 20 ms and at shutdown), so a batch written just
+after midnight may carry the last lines of the day before, and a file may pass `max_bytes` by one batch.
 
 Size: requests.log -> requests.log.1 -> ... -> requests.log.N (the oldest is dropped).
 Daily: requests.log -> requests.log.2026-11-21 at the first write after midnight UTC.

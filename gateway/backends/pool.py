@@ -9,9 +9,8 @@ import time
 
 from gateway.backends.retry_budget import RetryBudget
 from gateway.backends.stats import DEFAULT_PREFILL_TPS, ReplicaStats
-from gateway.config import Replica, Tier
+from gateway.config import Replica, RoutesConfig, Tier
 from gateway.config.routes import Balancing
-from gateway.context import RequestContext
 
 NEAR_TIE_FLOOR_S = 0.001
 
@@ -27,13 +26,19 @@ class ReplicaPool:
         self.retries = RetryBudget()
 
     def state(self, replica: Replica, tier: Tier | None = None) -> ReplicaStats:
+        """The replica's statistics; a replica seen for the first time takes its tier's settings."""
         state = self._states.get(replica.name)
         if state is None:
             state = self._states[replica.name] = ReplicaStats()
-        if tier is not None:  # the tier's settings, also after a reload changed them
-            state.prefill_tps = tier.prefill_tokens_per_s or DEFAULT_PREFILL_TPS
-            state.slots = tier.slots_per_replica
+            if tier is not None:
+                _settle(state, tier)
         return state
+
+    def configure(self, routes: RoutesConfig) -> None:
+        """A new config version: every replica takes its tier's settings (the learned statistics stay)."""
+        for tier in routes.tiers:
+            for replica in tier.replicas:
+                _settle(self.state(replica), tier)
 
     def states(self) -> dict[str, ReplicaStats]:
         return self._states
@@ -78,31 +83,35 @@ class ReplicaPool:
         return tuple(available[start:] + available[:start])
 
     def capacity(self, tier: Tier) -> int | None:
-        """Requests the tier's replicas run at once, when every replica's batch slots are known."""
-        slots = [self.state(r, tier).slots for r in tier.replicas]
-        return None if any(s is None for s in slots) else sum(s for s in slots if s is not None)
+        """Requests the tier's replicas run at once, when its replicas' batch slots are known."""
+        return None if tier.slots_per_replica is None else tier.slots_per_replica * len(tier.replicas)
 
     def retry_in(self, tier: Tier) -> float:
         """Seconds until some replica of the tier may be tried again (for Retry-After)."""
         return min((self.state(r, tier).breaker.retry_in() for r in tier.replicas), default=0.0)
 
 
+def _settle(state: ReplicaStats, tier: Tier) -> None:
+    state.prefill_tps = tier.prefill_tokens_per_s or DEFAULT_PREFILL_TPS
+    state.slots = tier.slots_per_replica
+
+
 class Lease:
     """One attempt's hold on a replica: counts it in flight, learns its TTFT at the first byte and
-    its TPOT/E2E (or failure) at release. Releasing twice is a no-op."""
+    its TPOT/E2E (or failure) at release. Releasing twice is a no-op. `tokens` is the prompt's
+    estimated length, `cached` the part of it warm in the replica's prefix cache."""
 
-    __slots__ = ("_pool", "_ctx", "replica", "_state", "_own_tokens", "_work", "_queue_s", "_sent_at", "_first_at",
+    __slots__ = ("replica", "_balancing", "_state", "_own_tokens", "_work", "_queue_s", "_sent_at", "_first_at",
                  "_held")
 
-    def __init__(self, pool: ReplicaPool, replica: Replica, ctx: RequestContext) -> None:
-        self._pool = pool
-        self._ctx = ctx
+    def __init__(self, pool: ReplicaPool, replica: Replica, tier: Tier, tokens: int, cached: int,
+                 balancing: Balancing) -> None:
         self.replica = replica
-        state = self._state = pool.state(replica, ctx.tier)
-        cached = ctx.prefix_tokens if ctx.prefix_replica == replica.name else 0
-        self._work = state.work(ctx.prompt_tokens_est, cached)
+        self._balancing = balancing
+        state = self._state = pool.state(replica, tier)
+        self._work = state.work(tokens, cached)
         self._queue_s = state.queue_s()
-        self._own_tokens = max(0, ctx.prompt_tokens_est - cached)
+        self._own_tokens = max(0, tokens - cached)
         self._sent_at = time.perf_counter()
         self._first_at: float | None = None
         self._held = True
@@ -121,33 +130,30 @@ class Lease:
             return
         self._first_at = time.perf_counter() if at is None else at
         self._state.pending_tokens -= self._own_tokens
-        alpha = self._ctx.config.routes.balancing.ewma_alpha
-        self._state.observe_ttft(self._first_at - self._sent_at, self._work, self._queue_s, alpha)
+        self._state.observe_ttft(self._first_at - self._sent_at, self._work, self._queue_s, self._balancing.ewma_alpha)
 
-    def release(self, failed: bool = False) -> None:
+    def release(self, failed: bool = False, completion: int = 0) -> None:
+        """The attempt ended (`failed`: the replica's fault), after `completion` output tokens."""
         if not self._held:
             return
         now = time.perf_counter()
         if self._first_at is None and not failed:
-            self.first_byte(self._estimated_first_byte(now))
+            self.first_byte(self._estimated_first_byte(now, completion))
         self._held = False
-        state, ctx = self._state, self._ctx
+        state, settings = self._state, self._balancing
         state.in_flight -= 1
         if self._first_at is None:
             state.pending_tokens -= self._own_tokens
-        settings = ctx.config.routes.balancing
         if failed:
             state.breaker.on_failure(settings.breaker)
         else:
             state.breaker.on_success()
-        completion = ctx.completion_tokens or ctx.output_chunks
         tpot = None
         if self._first_at is not None and completion > 1:
             tpot = (now - self._first_at) / (completion - 1)
         state.observe_finish(now - self._sent_at, tpot, failed, settings.ewma_alpha)
 
-    def _estimated_first_byte(self, now: float) -> float:
+    def _estimated_first_byte(self, now: float, completion: int) -> float:
         """A non-streamed answer has no first byte: its end minus the output at the usual TPOT."""
-        completion = self._ctx.completion_tokens or 0
         decode = (completion - 1) * (self._state.tpot_s or 0.0) if completion > 1 else 0.0
         return max(self._sent_at, now - decode)

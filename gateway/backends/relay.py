@@ -1,4 +1,4 @@
-"""SseRelay: streams an upstream SSE response to the client and settles the request when done.
+"""SseRelay: streams an upstream SSE response to the client and reports what it said to a `StreamSink`.
 
 The gateway writes the end of every stream it completes (`_ending`): the finish reason and the usage
 chunk the backend left out (llama.cpp's server sends no usage, and now and then no finish reason),
@@ -12,17 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import orjson
-import structlog
 
 from gateway.backends.idle import IdleWatchdog
-from gateway.context import RequestContext
-from gateway.sse import SseScanner
-
-log = structlog.get_logger("gateway.relay")
+from gateway.sse import SseScanner, StreamTally
 
 
 def error_event(message: str, code: str) -> bytes:
@@ -31,26 +29,54 @@ def error_event(message: str, code: str) -> bytes:
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """How a relayed stream ended, besides its tally."""
+
+    delivered: bool  # the client's write of the end ([DONE]) went through
+    failed: bool  # the stream broke off, went idle or ended early
+    capped: bool  # the tenant's output cap ended it (finish reason "length")
+    added_finish: str | None  # the finish reason the gateway wrote for a backend that sent none
+
+
+class StreamSink(Protocol):
+    """Where a relay reports what its stream said (the proxy stage writes it into the request's context)."""
+
+    def failed(self, code: str) -> None:
+        """The stream broke off, went idle or ended early: the client got an error event with `code`."""
+
+    def counted_usage(self, tally: StreamTally) -> dict[str, int]:
+        """The usage to send a client that asked for it, when the backend sent none: the gateway's counts."""
+        ...
+
+    def closed(self, tally: StreamTally, end: StreamEnd) -> None:
+        """The relay is done, and the upstream released or dropped."""
+
+
 class SseRelay:
     def __init__(
         self,
-        ctx: RequestContext,
         response: aiohttp.ClientResponse,
         scanner: SseScanner,
         first: bytes,
-        on_close: Callable[[bool], None],
+        sink: StreamSink,
         watchdog: IdleWatchdog,
         idle_s: float,
-        count_tokens: Callable[[RequestContext], None],
+        *,
+        max_tokens: int | None,
+        wants_usage: bool,
     ) -> None:
-        self._ctx = ctx
         self._response = response
         self._scanner = scanner
         self._first = first
-        self._on_close = on_close
-        self._count_tokens = count_tokens
+        self._sink = sink
+        self._max_tokens = max_tokens
+        self._wants_usage = wants_usage
         self._closed = False
         self._idle = False
+        self._failed = False
+        self._capped = False
+        self._added_finish: str | None = None
         self._delivered = False  # the client's write of the stream's end (with [DONE]) went through
         self._watchdog = watchdog
         self.idle_s = idle_s
@@ -92,29 +118,16 @@ class SseRelay:
     def _ending(self) -> bytes:
         """The end of the client's stream: the finish reason (the output cap's `length`, or one the backend
         left out) and the usage chunk (asked for, and not sent by the backend) before [DONE]."""
-        tally, ctx = self._scanner.tally, self._ctx
+        tally = self._scanner.tally
         reason = None
         if tally.capped:
-            ctx.output_capped, reason = True, "length"
+            self._capped, reason = True, "length"
         elif tally.finish_reason is None:
-            reached = ctx.max_tokens is not None and tally.content_chunks >= ctx.max_tokens
-            reason = "length" if reached else "stop"
-            ctx.error = ctx.error or "upstream_missing_finish"
-            log.warning("upstream_missing_finish", request_id=ctx.request_id,
-                        backend=ctx.replica.name if ctx.replica else None, finish_reason=reason,
-                        completion_chunks=tally.content_chunks, max_tokens=ctx.max_tokens)
+            reached = self._max_tokens is not None and tally.content_chunks >= self._max_tokens
+            reason = self._added_finish = "length" if reached else "stop"
         tally.finish_reason = reason or tally.finish_reason
-        return self._scanner.ending(reason, self._counted_usage())
-
-    def _counted_usage(self) -> dict[str, int] | None:
-        """The usage the client asked for and the backend did not send: the gateway's counts, those it logs."""
-        ctx = self._ctx
-        if not ctx.client_wants_usage or self._scanner.tally.usage is not None:
-            return None
-        self._settle()
-        self._count_tokens(ctx)
-        prompt, completion = ctx.prompt_tokens or 0, ctx.completion_tokens or 0
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage = self._sink.counted_usage(tally) if self._wants_usage and tally.usage is None else None
+        return self._scanner.ending(reason, usage)
 
     async def _read_to_end(self) -> None:
         """After [DONE]: read the upstream to its end (nothing more is forwarded), so its connection is reused."""
@@ -123,8 +136,8 @@ class SseRelay:
                 self.last_read = time.monotonic()
 
     def _fail(self, message: str, code: str) -> bytes:
-        self._ctx.outcome = "upstream_error"
-        self._ctx.error = code
+        self._failed = True
+        self._sink.failed(code)
         return error_event(message, code)
 
     def _drain(self) -> None:
@@ -135,43 +148,15 @@ class SseRelay:
             pass  # the stream had failed, or a read is in progress: nothing more to count
 
     def close(self) -> None:
-        """Settle the context from what the stream said, and release (or abort) the upstream."""
+        """Report what the stream said, and release (or abort) the upstream."""
         if self._closed:
             return
         self._closed = True
         self._watchdog.forget(self)
-        ctx = self._ctx
         if not self._delivered:
             self._drain()
-        self._settle()
-        if self._delivered and ctx.outcome == "client_disconnected":
-            ctx.status, ctx.outcome = 200, "ok"  # the client had all of it, [DONE] included, then closed
         if self._scanner.tally.done:
             self._response.release()
         else:
             self._response.close()  # drops the connection: the backend sees the cancel
-        self._on_close(ctx.outcome == "upstream_error")
-
-    def _settle(self) -> None:
-        """Write what the stream said into the context."""
-        tally, ctx = self._scanner.tally, self._ctx
-        ctx.first_token_at = tally.first_token_at
-        ctx.finish_reason = tally.finish_reason
-        ctx.output_chunks = tally.content_chunks
-        if tally.text is not None:
-            ctx.response_text = "".join(tally.text)
-        if tally.malformed and ctx.error is None:
-            ctx.error = "upstream_malformed_events"  # forwarded without them; never cached
-        apply_usage(ctx, tally.usage)
-
-
-def apply_usage(ctx: RequestContext, usage: object) -> None:
-    """Take the backend's own token counts when it reported them."""
-    if not isinstance(usage, dict):
-        return
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(prompt, int) and isinstance(completion, int):
-        ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = prompt, completion, "backend"
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        ctx.cached_tokens = cached if isinstance(cached, int) else 0
+        self._sink.closed(self._scanner.tally, StreamEnd(self._delivered, self._failed, self._capped, self._added_finish))

@@ -1,16 +1,17 @@
-"""One streaming chat request, timed: TTFT, inter-token latencies, TPOT, end-to-end latency.
+"""One chat request, timed: streaming (TTFT, inter-token latencies, TPOT, E2E) or not (E2E).
 
 TTFT is the time from sending the request to the first SSE event whose `choices[0].delta.content`
 is non-empty; ITL the gaps between successive content events; TPOT = (E2E - TTFT) / (output
 tokens - 1), as `vllm bench serve` defines them. Output tokens come from the `usage` chunk
-(requested with `stream_options.include_usage`), else one per content event.
+(requested with `stream_options.include_usage`), else one per content event. A non-streaming
+request (`send_json`) is ok when it answers 200 with `choices`; its TTFT is its E2E latency.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,22 @@ class RequestResult:
     headers: dict[str, str] = field(default_factory=dict)
     conversation_id: str = ""
     turn: int = 0
+    content_events: int = 0  # SSE events with content (streaming)
+    index: int = -1  # the request's position in its run (set by the runners)
+
+    @property
+    def cache(self) -> str | None:
+        """x-gateway-cache: hit, miss, ..."""
+        return self.headers.get("x-gateway-cache")
+
+    @property
+    def tier(self) -> str | None:
+        return self.headers.get("x-gateway-tier")
+
+    @property
+    def difficulty(self) -> float | None:
+        value = self.headers.get("x-gateway-difficulty")
+        return float(value) if value else None
 
 
 def request_body(spec: RequestSpec, model: str, ignore_eos: bool, extra: Mapping[str, Any] | None) -> bytes:
@@ -94,28 +111,70 @@ async def _read_stream(resp: aiohttp.ClientResponse, t0: float, result: RequestR
             last, events = now, events + 1
     else:
         result.error = "stream ended without [DONE]"
+    result.content_events = events
     result.output_tokens = int(usage.get("completion_tokens") or events) if usage else events
     if usage and usage.get("prompt_tokens"):
         result.prompt_tokens = int(usage["prompt_tokens"])
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str],
-               spec: RequestSpec, start_s: float = 0.0) -> RequestResult:
-    """POST `body` to `url` (…/chat/completions), read the stream, time it; never raises."""
-    result = RequestResult(False, prompt_tokens=spec.prompt_tokens, start_s=start_s,
-                           conversation_id=spec.conversation_id, turn=spec.turn)
+def _new_result(spec: RequestSpec | None, start_s: float) -> RequestResult:
+    if spec is None:
+        return RequestResult(False, start_s=start_s)
+    return RequestResult(False, prompt_tokens=spec.prompt_tokens, start_s=start_s,
+                         conversation_id=spec.conversation_id, turn=spec.turn)
+
+
+def _http_error(status: int, data: bytes) -> str:
+    return f"HTTP {status}: {data[:200].decode(errors='replace')}"
+
+
+Reader = Callable[[aiohttp.ClientResponse, float, RequestResult], Awaitable[None]]
+
+
+async def _request(session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str],
+                   spec: RequestSpec | None, start_s: float, read: Reader) -> RequestResult:
+    """POST `body`; a 200 answer is read by `read(response, t0, result)`; E2E timed; never raises."""
+    result = _new_result(spec, start_s)
     t0 = time.perf_counter()
     try:
         async with session.post(url, data=body, headers=headers) as resp:
             result.status = resp.status
             result.headers = {k: resp.headers[k] for k in KEPT_HEADERS if k in resp.headers}
             if resp.status != 200:
-                result.error = f"HTTP {resp.status}: {(await resp.read())[:200].decode(errors='replace')}"
+                result.error = _http_error(resp.status, await resp.read())
             else:
-                await _read_stream(resp, t0, result)
+                await read(resp, t0, result)
     except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, ValueError) as err:
         result.ok, result.error = False, f"{type(err).__name__}: {err}"[:200]
     result.e2e_s = time.perf_counter() - t0
+    return result
+
+
+async def _read_json(resp: aiohttp.ClientResponse, t0: float, result: RequestResult) -> None:
+    data = await resp.read()
+    answer = orjson.loads(data)
+    result.ok = isinstance(answer, dict) and bool(answer.get("choices"))
+    result.error = None if result.ok else f"no choices: {data[:200].decode(errors='replace')}"
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if isinstance(usage, dict):
+        result.output_tokens = int(usage.get("completion_tokens") or 0)
+        result.prompt_tokens = int(usage.get("prompt_tokens") or result.prompt_tokens)
+
+
+async def send(session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str],
+               spec: RequestSpec | None = None, start_s: float = 0.0) -> RequestResult:
+    """POST `body` to `url` (…/chat/completions), read the stream, time it; never raises."""
+    result = await _request(session, url, body, headers, spec, start_s, _read_stream)
     if result.ok and result.ttft_s is not None and result.output_tokens > 1:
         result.tpot_s = (result.e2e_s - result.ttft_s) / (result.output_tokens - 1)
+    return result
+
+
+async def send_json(session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str],
+                    spec: RequestSpec | None = None, start_s: float = 0.0) -> RequestResult:
+    """POST a non-streaming `body` to `url`, read the answer, time it; never raises. Ok: 200 with
+    `choices`; the usage, when given, sets the token counts; TTFT is the E2E latency."""
+    result = await _request(session, url, body, headers, spec, start_s, _read_json)
+    if result.ok:
+        result.ttft_s = result.e2e_s
     return result

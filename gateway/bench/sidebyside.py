@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.bench.arrivals import Arrivals, offsets_within
-from gateway.bench.runner import RunResult, Target, run_closed_loop, run_open_loop
+from gateway.bench.cpu import CpuProbe, CpuReader, per_request_us
+from gateway.bench.runner import RunResult, Target, merge_runs, run_closed_loop, run_open_loop
 from gateway.bench.summary import Summary, summarize
 from gateway.bench.workload import RequestSpec
 
-CpuReader = Callable[[int], float]  # pid -> CPU seconds so far
 Log = Callable[[str], None]
 
 
@@ -70,11 +70,10 @@ async def added_latency(paths: Sequence[BenchPath], specs: Sequence[RequestSpec]
     cpu_s: dict[str, float] = {p.name: 0.0 for p in paths}
     for rnd in range(rounds):
         for p in paths if rnd % 2 == 0 else paths[::-1]:
-            before = cpu(p.pid) if p.pid else 0.0
-            runs[p.name].append(await probe(p, specs, rate, seconds, seed=rnd))
-            cpu_s[p.name] += cpu(p.pid) - before if p.pid else 0.0
-    merged = {k: RunResult([r for run in v for r in run.results], sum(x.duration_s for x in v), v[0].started_at)
-              for k, v in runs.items()}
+            with CpuProbe({p.name: p.pid}, cpu).measure() as used:
+                runs[p.name].append(await probe(p, specs, rate, seconds, seed=rnd))
+            cpu_s[p.name] += used[p.name]
+    merged = {k: merge_runs(v) for k, v in runs.items()}
     direct = summarize(merged[paths[0].name])
     rows = []
     for p in paths:
@@ -82,7 +81,7 @@ async def added_latency(paths: Sequence[BenchPath], specs: Sequence[RequestSpec]
         row = added_row(p.name, s, direct) | {"p50_ttft_ms": s["median_ttft_ms"], "p99_ttft_ms": s["p99_ttft_ms"],
                                               "p50_e2el_ms": s["median_e2el_ms"], "p99_e2el_ms": s["p99_e2el_ms"],
                                               "note": _note(run), "failed": s["failed"]}
-        row["cpu_us"] = cpu_s[p.name] / len(run.results) * 1e6 if p.pid and run.results else None
+        row["cpu_us"] = per_request_us(cpu_s[p.name], len(run.results)) if p.pid and run.results else None
         rows.append(row)
         log(f"  {p.name:<18} TTFT p50 {s['median_ttft_ms']:8.2f} p99 {s['p99_ttft_ms']:8.2f} ms  "
             f"E2E p50 {s['median_e2el_ms']:8.2f} p99 {s['p99_e2el_ms']:8.2f} ms  {row['note']}")

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.classifier.sharegpt import Conversation, first_exchange, iter_conversations
 from gateway.emulator.tokens import VOCAB, tokenize
+from gateway.training.sharegpt import Conversation, first_exchange, first_exchanges, iter_conversations
 
 Message = dict[str, str]
 MIN_TOKENS = 4
@@ -129,4 +129,27 @@ def synthetic_requests(n: int, prompt_tokens: int, output_tokens: int, seed: int
     for i in range(n):
         text = " ".join(_words(rng, prompt_tokens))
         out.append(RequestSpec(({"role": "user", "content": text},), output_tokens, count_tokens(text), f"syn-{i}"))
+    return out
+
+
+def sharegpt_prompts(count: int, *, distinct: bool, max_chars: int = 8000, skip: int = 0) -> list[str]:
+    """The first `count` ShareGPT V3 first-turn prompts (after `skip`), in dataset order, at most
+    `max_chars` long; `distinct`: each normalized text (whitespace runs collapsed) only once."""
+    out: list[str] = []
+    seen: set[str] = set()
+    skipped = 0
+    for _, prompt, _ in first_exchanges():
+        if len(prompt) > max_chars:
+            continue
+        if distinct:
+            norm = " ".join(prompt.split())
+            if norm in seen:
+                continue
+            seen.add(norm)
+        if skipped < skip:
+            skipped += 1
+            continue
+        out.append(prompt)
+        if len(out) >= count:
+            break
     return out

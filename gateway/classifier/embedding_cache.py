@@ -35,6 +35,10 @@ class EmbeddingCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether `key` is cached; a peek: no hit or miss is counted and the LRU order stays."""
+        return key in self._entries
+
     def get(self, key: str) -> Embedding | None:
         embedding = self._entries.get(key)
         if embedding is None:

@@ -1,6 +1,6 @@
 """ONNX Runtime session for the prompt encoder: texts -> L2-normalized 384-d embeddings.
 
-The graph (see gateway/classifier/export.py and models/minilm-l6-v2/MODEL_CARD.md) takes
+The graph (see gateway/training/export.py and models/minilm-l6-v2/MODEL_CARD.md) takes
 input_ids, attention_mask, token_type_ids (int64, batch x seq) and returns `embedding`
 (float32, batch x 384): mean pooling over the mask and L2 normalization are inside it.
 Providers default to CUDA then CPU; without a usable CUDA library the session runs on CPU.
@@ -78,7 +78,7 @@ def default_model_path(variant: str = CPU_VARIANT, graph: Graph = SENTENCE) -> P
     path = models_dir() / file_name(variant, graph)
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} is missing: regenerate it with `python -m gateway.classifier.export "
+            f"{path} is missing: regenerate it with `python -m gateway.training.export "
             f"--out models/{MODEL_NAME} --graph {graph.name} --variants {variant}`"
         )
     return path

@@ -4,10 +4,14 @@ A prompt longer than the budget keeps its first and last tokens ([CLS] head tail
 encoder's cost is bounded. Long texts are tokenized only near their ends (a window of characters
 grown until the kept tokens are provably the same as in a full tokenization), so tokenizing a
 megabyte prompt costs about as much as a short one.
+
+`remember(text, ids)` hands ids already computed (by the cascade, on the event loop) to the next
+`ids(text)` (the encoder's, in its thread), so a prompt the cascade sends on is not tokenized twice.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from gateway.tokens import default_tokenizer_path
 Batch = dict[str, npt.NDArray[np.int64]]
 
 _CHARS_PER_TOKEN = 6  # first window guess; it doubles until enough whole words fit
+_MEMO_ENTRIES = 1024  # remembered ids not yet asked for (a prompt answered from a cache never is)
 
 
 class PromptTokenizer:
@@ -38,6 +43,8 @@ class PromptTokenizer:
         budget = max_tokens - 2
         self._head = budget // 2
         self._tail = budget - self._head
+        self._memo: dict[str, list[int]] = {}
+        self._memo_lock = threading.Lock()
 
     @property
     def backend(self) -> Tokenizer:
@@ -52,7 +59,19 @@ class PromptTokenizer:
 
     def ids(self, text: str) -> list[int]:
         """Token ids of one text with [CLS]/[SEP], head + tail truncated to `max_tokens`."""
+        if self._memo and (known := self._memo.pop(text, None)) is not None:
+            return known
         return [self._cls, *self._body(text), self._sep]
+
+    def remember(self, text: str, ids: list[int]) -> None:
+        """Make the next `ids(text)` return `ids` (this tokenizer's own output for `text`) without tokenizing."""
+        with self._memo_lock:
+            self._memo[text] = ids
+            while len(self._memo) > _MEMO_ENTRIES:
+                try:
+                    del self._memo[next(iter(self._memo))]  # the oldest
+                except (KeyError, StopIteration, RuntimeError):  # taken meanwhile by ids() in another thread
+                    break
 
     def encode_batch(self, texts: Sequence[str]) -> Batch:
         """input_ids, attention_mask, token_type_ids (int64, B x longest) for `texts`."""

@@ -6,8 +6,9 @@ import hashlib
 import time
 from datetime import UTC, datetime
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from gateway.config.loader import ConfigError, ConfigIssue, check_file, load_policy, load_routes
 from gateway.config.policies import MaxTokens, PolicyConfig, Tenant
@@ -40,7 +41,6 @@ class GatewayConfig:
     baseline: Tier  # what savings are measured against
     version: str
     loaded_at: float
-    tenants_by_key: dict[str, TenantPolicy] = field(default_factory=dict)  # keys seen valid (hash once)
 
     @classmethod
     def build(cls, routes: RoutesConfig, policy: PolicyConfig, version: str = "inline") -> GatewayConfig:
@@ -52,14 +52,13 @@ class GatewayConfig:
             raise ConfigError(issues)
         by_hash, anonymous = compile_tenants(policy)
         baseline = tiers[policy.baseline_tier] if policy.baseline_tier else max(routes.tiers, key=_output_price)
-        return cls(routes, policy, tiers, by_hash, anonymous, baseline, version, time.time())
+        return cls(routes, policy, MappingProxyType(tiers), MappingProxyType(by_hash), anonymous, baseline, version,
+                   time.time())
 
 
 def _output_price(tier: Tier) -> float:
     """USD for a million output tokens at today's prices: how the default baseline tier is chosen."""
-    from gateway.accounting.cost import cost_usd
-
-    return cost_usd(tier.price_at(datetime.now(UTC).date()), 0, 1_000_000)
+    return tier.price_at(datetime.now(UTC).date()).cost_usd(0, 1_000_000)
 
 
 def _tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:
@@ -71,6 +70,7 @@ def _tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:
         refs += [(f"{prefix}allowed_tiers[{j}]", name) for j, name in enumerate(limits.allowed_tiers or ())]
         bands = limits.routing.bands if limits.routing else ()
         refs += [(f"{prefix}routing.bands[{j}].tier", band.tier) for j, band in enumerate(bands)]
+        refs += limits.experiment_tier_references(prefix)
     return refs
 
 

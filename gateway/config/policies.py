@@ -90,6 +90,105 @@ class CacheRule(Frozen):
     semantic: SemanticRule | None = None
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+IMPLICIT_CONTROL = "control"
+TierMap = dict[str, str]
+
+
+class Arm(Frozen):
+    """One arm of an experiment: a share of the tenant's traffic, served with these fields in place of the
+    tenant's own (each set field replaces the tenant's, as a tenant's field replaces the top level's)."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=64)
+    share: float = Field(gt=0.0, le=1.0, description="share of the tenant's requests (sticky per user / conversation)")
+    control: bool = Field(default=False, description="the arm the others are compared with; it overrides nothing")
+    routing: Routing | None = Field(default=None, description="classifier bands for model 'auto'")
+    default_tier: str | None = Field(default=None, description="where model 'auto' goes without bands")
+    tier_map: TierMap | None = Field(default=None, description="a tier the request would go to -> the tier serving it")
+    max_tokens: MaxTokens | None = None
+
+    @model_validator(mode="after")
+    def _control_overrides_nothing(self) -> Arm:
+        if self.control and self.overrides():
+            raise ValueError(f"the control arm {self.name!r} must not override anything "
+                             f"(got {', '.join(self.overrides())})")
+        return self
+
+    def overrides(self) -> tuple[str, ...]:
+        """The names of the policy fields this arm replaces."""
+        return tuple(name for name in OVERRIDABLE if getattr(self, name) is not None)
+
+
+OVERRIDABLE = ("routing", "default_tier", "tier_map", "max_tokens")
+
+
+class Experiment(Frozen):
+    """Named arms, each a share of the tenant's traffic. With a `control: true` arm, requests outside every arm
+    are not in the experiment; without one, they form the implicit control arm named "control"."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=64, description="also salts the assignment hash")
+    arms: tuple[Arm, ...] = Field(min_length=1)
+
+    @field_validator("arms")
+    @classmethod
+    def _shares_and_control(cls, arms: tuple[Arm, ...]) -> tuple[Arm, ...]:
+        names = [arm.name for arm in arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique, got {names}")
+        total = sum(arm.share for arm in arms)
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"arm shares sum to {total:g}, more than 1")
+        controls = [arm.name for arm in arms if arm.control]
+        if len(controls) > 1:
+            raise ValueError(f"exactly one control arm, got {len(controls)}: {controls}")
+        if not controls:
+            if IMPLICIT_CONTROL in names:
+                raise ValueError(f"an arm named {IMPLICIT_CONTROL!r} must set `control: true`")
+            if total >= 1.0 - 1e-9:
+                raise ValueError("arm shares sum to 1 and no arm is `control: true`: "
+                                 "leave a share for the implicit control or mark one arm as control")
+        return arms
+
+    @property
+    def control_arm(self) -> str:
+        return next((arm.name for arm in self.arms if arm.control), IMPLICIT_CONTROL)
+
+    @property
+    def covers_all(self) -> bool:
+        """Every request lands in an arm (the implicit control takes the rest, or the shares sum to 1)."""
+        return not any(arm.control for arm in self.arms) or sum(arm.share for arm in self.arms) >= 1.0 - 1e-9
+
+
+class Shadow(Frozen):
+    """Resend a share of the requests answered by tier `from` to tier `to` in the background (batch priority,
+    not counted against the tenant's limits, skipped under admission pressure) and score the answers' agreement."""
+
+    share: float = Field(gt=0.0, le=1.0, description="share of the requests `from` answered that are resent")
+    from_tier: str = Field(alias="from", min_length=1, description="the tier whose answers are checked")
+    to_tier: str = Field(alias="to", min_length=1, description="the reference tier")
+    judge: str | None = Field(default=None, min_length=1, description="a tier that grades the pair (optional)")
+    max_pairs: int = Field(default=10000, ge=1, le=10_000_000, description="pairs kept per tenant (Redis stream)")
+
+    @model_validator(mode="after")
+    def _two_tiers(self) -> Shadow:
+        if self.from_tier == self.to_tier:
+            raise ValueError(f"`from` and `to` name the same tier ({self.from_tier!r})")
+        return self
+
+
+def _check_experiments(experiments: tuple[Experiment, ...] | None) -> tuple[Experiment, ...] | None:
+    if not experiments:
+        return experiments
+    names = [e.name for e in experiments]
+    if len(set(names)) != len(names):
+        raise ValueError(f"experiment names must be unique, got {names}")
+    for before, after in zip(experiments, experiments[1:]):
+        if before.covers_all:
+            raise ValueError(f"experiment {before.name!r} takes every request, so {after.name!r} after it would get "
+                             "none: mark one of its arms `control: true` with a share, leaving the rest outside")
+    return experiments
+
+
 class Limits(Frozen):
     """What a tenant may do. Unset fields inherit the policy file's top level, then the built-in defaults."""
 
@@ -110,6 +209,37 @@ class Limits(Frozen):
     daily_budget_usd: float | None = Field(default=None, ge=0)
     cache: CacheRule | None = None
     routing: Routing | None = Field(default=None, description="classifier bands; without them auto = default_tier")
+    tier_map: TierMap | None = Field(
+        default=None, description="a tier the request would go to (named or by 'auto') -> the tier serving it (once)"
+    )
+    experiments: tuple[Experiment, ...] | None = Field(
+        default=None, description="named experiments on the tenant's traffic; a tenant's list replaces the top level's"
+    )
+    shadow: Shadow | None = None
+
+    @field_validator("experiments")
+    @classmethod
+    def _experiments_apart(cls, experiments: tuple[Experiment, ...] | None) -> tuple[Experiment, ...] | None:
+        return _check_experiments(experiments)
+
+    def experiment_tier_references(self, prefix: str = "") -> list[tuple[str, str]]:
+        """(field, tier name) for every tier the tier map, the experiments' arms and the shadow rule name."""
+        refs = [(f"{prefix}tier_map.{key}", name) for key, value in (self.tier_map or {}).items()
+                for name in (key, value)]
+        for i, experiment in enumerate(self.experiments or ()):
+            for j, arm in enumerate(experiment.arms):
+                at = f"{prefix}experiments[{i}].arms[{j}]."
+                if arm.default_tier:
+                    refs.append((f"{at}default_tier", arm.default_tier))
+                bands = arm.routing.bands if arm.routing else ()
+                refs += [(f"{at}routing.bands[{k}].tier", band.tier) for k, band in enumerate(bands)]
+                refs += [(f"{at}tier_map.{key}", name) for key, value in (arm.tier_map or {}).items()
+                         for name in (key, value)]
+        if self.shadow is not None:
+            refs += [(f"{prefix}shadow.from", self.shadow.from_tier), (f"{prefix}shadow.to", self.shadow.to_tier)]
+            if self.shadow.judge:
+                refs.append((f"{prefix}shadow.judge", self.shadow.judge))
+        return refs
 
 
 class Tenant(Limits):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from functools import cached_property
 from datetime import date
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["int4", "int8", "fp8", "fp16", "bf16", "fp32"]
 
@@ -40,6 +41,19 @@ class Prices(Frozen):
             raise ValueError("give input_per_mtok and output_per_mtok, or gpu_hour (one of the two)")
         return self
 
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """USD for the tokens actually processed, rounded to a nano-dollar."""
+        if self.gpu_hour is not None:
+            gpu = self.gpu_hour
+            seconds = prompt_tokens / gpu.prefill_tokens_per_s + completion_tokens / gpu.decode_tokens_per_s
+            return round(seconds * gpu.usd_per_hour / 3600, 9)
+        assert self.input_per_mtok is not None and self.output_per_mtok is not None
+        cached = min(cached_tokens, prompt_tokens)
+        cached_rate = self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+        total = ((prompt_tokens - cached) * self.input_per_mtok + cached * cached_rate
+                 + completion_tokens * self.output_per_mtok)
+        return round(total / 1_000_000, 9)
+
 
 class EmulatorLaunch(Frozen):
     """`gateway up` starts `gateway emulate` for this replica on the port of its URL."""
@@ -71,7 +85,6 @@ class Replica(Frozen):
         default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="environment variable with this backend's API key, read at load time, sent as Bearer",
     )
-    _api_key: str | None = PrivateAttr(default=None)  # never dumped, never in repr
 
     @field_validator("api_key_env")
     @classmethod
@@ -81,13 +94,13 @@ class Replica(Frozen):
         return name
 
     def model_post_init(self, context: Any) -> None:
-        if self.api_key_env is not None:
-            self._api_key = os.environ[self.api_key_env]
+        self.__dict__["api_key"] = os.environ[self.api_key_env] if self.api_key_env is not None else None
 
-    @property
+    @cached_property
     def api_key(self) -> str | None:
-        """This backend's own credential (from `api_key_env`); the client's key never goes upstream."""
-        return self._api_key
+        """This backend's own credential (from `api_key_env`, read at load time by `model_post_init`; a plain
+        attribute on the request path, never dumped, never in repr); the client's key never goes upstream."""
+        return os.environ[self.api_key_env] if self.api_key_env is not None else None
 
     @field_validator("url")
     @classmethod
@@ -110,6 +123,8 @@ class InProcessEncoder(Frozen):
 
     kind: Literal["minilm"]
 
+    dimensions: ClassVar[int] = 384
+
 
 class Tier(Frozen):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -117,16 +132,43 @@ class Tier(Frozen):
     context_window: int = Field(gt=0)
     prices: Prices | tuple[Prices, ...] = Field(description="one price, or a list by effective_from")
     replicas: tuple[Replica, ...] = Field(default=(), description="at least one, unless `embedder` serves the tier")
+    endpoint: Literal["chat", "embeddings"] = Field(
+        default="chat", description="what the tier serves: chat (/v1/chat/completions and the APIs translated to it, "
+        "/v1/completions) or embeddings (/v1/embeddings, sent to the replicas' /embeddings; an `embedder` tier is one)")
+    dimensions: int | None = Field(
+        default=None, ge=1, description="embedding tiers: the length of the vectors the model returns (required with "
+        "replicas; 384 for `embedder`); requests may leave `dimensions` out or ask for exactly this")
     embedder: InProcessEncoder | None = Field(
         default=None, description="an embedding tier served in process (/v1/embeddings); it has no replicas")
     native: tuple[Literal["responses"], ...] = Field(
         default=(), description="APIs the replicas serve themselves (vLLM: responses), sent upstream as they came; "
         "the others are translated to chat completions")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _embedder_embeds(cls, data: Any) -> Any:
+        """An `embedder` tier serves embeddings of the encoder's size: said once, here, for every reader."""
+        if isinstance(data, dict) and data.get("embedder") is not None:
+            return {"endpoint": "embeddings", "dimensions": InProcessEncoder.dimensions, **data}
+        return data
+
     @model_validator(mode="after")
     def _served(self) -> Tier:
         if bool(self.replicas) == (self.embedder is not None):
             raise ValueError("give replicas, or an in-process embedder (one of the two)")
+        if self.embedder is not None and self.endpoint != "embeddings":
+            raise ValueError("an embedder tier serves embeddings: leave endpoint out or set it to embeddings")
+        if self.endpoint == "chat":
+            if self.dimensions is not None:
+                raise ValueError("dimensions is for embedding tiers (endpoint: embeddings)")
+            return self
+        if self.embedder is not None and self.dimensions != InProcessEncoder.dimensions:
+            raise ValueError(f"the {self.embedder.kind} encoder makes {InProcessEncoder.dimensions} dimensions, "
+                             f"not {self.dimensions}")
+        if self.dimensions is None:
+            raise ValueError("an embedding tier with replicas needs dimensions: the length of its model's vectors")
+        if self.native:
+            raise ValueError("native is for chat tiers: an embedding tier serves /v1/embeddings only")
         return self
 
     @field_validator("prices")
@@ -271,12 +313,12 @@ class RoutesConfig(Frozen):
     def _unique_names(cls, tiers: tuple[Tier, ...]) -> tuple[Tier, ...]:
         _require_unique("tier", [t.name for t in tiers])
         _require_unique("replica", [r.name for t in tiers for r in t.replicas])
-        names = {t.name for t in tiers}
-        if "auto" in names:
+        endpoints = {t.name: t.endpoint for t in tiers}
+        if "auto" in endpoints:
             raise ValueError("tier name 'auto' is reserved for classifier routing")
         for t in tiers:
-            if t.brownout_to is not None and (t.brownout_to not in names or t.brownout_to == t.name):
-                raise ValueError(f"tier {t.name!r}: brownout_to {t.brownout_to!r} is not another tier")
+            if t.brownout_to is not None and (endpoints.get(t.brownout_to) != t.endpoint or t.brownout_to == t.name):
+                raise ValueError(f"tier {t.name!r}: brownout_to {t.brownout_to!r} is not another {t.endpoint} tier")
         return tiers
 
     def tier(self, name: str) -> Tier | None:

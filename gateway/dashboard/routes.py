@@ -12,8 +12,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from gateway.admission.stage import AdmissionStage
-from gateway.app import GATEWAY, Gateway
+from gateway.state import GATEWAY, Gateway
 from gateway.dashboard.snapshot import snapshot
 from gateway.errors import AuthenticationFailed, error_body
 
@@ -63,8 +62,8 @@ async def data(request: web.Request) -> web.Response:
     if not _allowed(request, gateway):
         err = AuthenticationFailed("the dashboard needs the admin key or a dashboard viewer key")
         return web.Response(body=error_body(err), status=err.status, content_type="application/json")
-    admission = next((s for s in gateway.stages if isinstance(s, AdmissionStage)), None)
+    gates = gateway.path.admission.gates if gateway.path is not None else {}
     redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
-    body = snapshot(gateway.metrics.live, gateway.config, admission.gates if admission else {}, redis)
+    body = snapshot(gateway.metrics.live, gateway.config, gates, redis)
     return web.Response(body=orjson.dumps(body), content_type="application/json",
                         headers={"Cache-Control": "no-store"})

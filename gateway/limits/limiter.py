@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from gateway.cache.background import BackgroundWrites
+from gateway.clock import day_key
 from gateway.cache.guard import RedisGuard
 from gateway.config.tenants import TenantPolicy
 from gateway.errors import RateLimited
@@ -74,7 +75,8 @@ class Limiter:
         rate, budget = tenant.rate_limit, tenant.daily_budget_usd
         if rate is None and budget is None:
             return
-        position, day = WindowPosition.at(time.time()), _today()
+        now = time.time()
+        position, day = WindowPosition.at(now), day_key(now)
         reply = await self._admit_redis(tenant, token_cost, position, day) if self._script else None
         if reply is None:
             self._admit_local(tenant, token_cost, position, day, self._local_reason())
@@ -91,7 +93,8 @@ class Limiter:
 
     def book(self, tenant: TenantPolicy, token_delta: int, cost_usd: float) -> None:
         """After the answer: correct the token charge to the tokens used, and add the spend (background)."""
-        position, day = WindowPosition.at(time.time()), _today()
+        now = time.time()
+        position, day = WindowPosition.at(now), day_key(now)
         rate = tenant.rate_limit
         if rate is not None and rate.tokens_per_min is not None and token_delta:
             self._windows.adjust(_local_key(tenant, "tok"), token_delta, position)
@@ -201,10 +204,6 @@ def _or_none(value: float | None) -> float:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _today() -> str:
-    return datetime.now(UTC).strftime("%Y%m%d")
 
 
 def _seconds_to_midnight() -> float:

@@ -18,7 +18,7 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.native import is_native
 from gateway.sse import DONE, _complete_prefix_end, _data_of
-from gateway.types import ChunkSource, JsonReply, Reply, StreamReply
+from gateway.types import ChunkSource, ClientWire, JsonReply, Reply, StreamReply
 
 
 @dataclass(slots=True)
@@ -44,19 +44,13 @@ class Events(Protocol):
     def fail(self, message: str, code: str) -> bytes: ...
 
 
-class Wire(Protocol):
-    """A client protocol translated to chat completions at the edge."""
-
-    name: str
-    key_header: str | None  # a header holding the API key besides Authorization: Bearer
-
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
+class Wire(ClientWire, Protocol):
+    """A client protocol translated to chat completions at the edge: parsed as a chat body, its answer
+    rendered back, its errors in its own shape."""
 
     def render(self, ctx: RequestContext, answer: ChatAnswer) -> bytes: ...
 
     def events(self, ctx: RequestContext) -> Events: ...
-
-    def error_body(self, err: GatewayError) -> bytes: ...
 
 
 def render(wire: Wire, ctx: RequestContext, reply: Reply, count_tokens: Callable[[RequestContext], None]) -> Reply:

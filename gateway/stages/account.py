@@ -1,16 +1,17 @@
 """Account: settle the token counts, price the request, and write its one log line and metrics.
 
-Runs for every request that reached the gateway, in the edge's `finally`, whatever happened.
+Runs for every request that reached the gateway, whatever happened: first of `RequestPath.finish`.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import UTC, date, datetime
+from datetime import date
+from typing import Any
 
 import structlog
 
-from gateway.accounting.cost import cost_usd
+from gateway.clock import iso_ms, utc_day
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.dashboard.window import meets_slo
@@ -18,6 +19,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.tokens import TokenCounters
 
 log = structlog.get_logger("gateway.requests")
+NO_ARM: dict[str, Any] = {"experiment": None, "arm": None, "arm_control": None}  # not in an experiment (issue 22)
 
 
 class Accountant:
@@ -33,8 +35,7 @@ class Accountant:
     def settle(self, ctx: RequestContext) -> None:
         ctx.finished_at = now = time.perf_counter()
         self.count_tokens(ctx)
-        served = datetime.fromtimestamp(ctx.ts, UTC)
-        cost, avoided, baseline = _prices(ctx, served.date())
+        cost, avoided, baseline = _prices(ctx, utc_day(ctx.ts))
         ctx.cost_usd = cost
         e2e_s = now - ctx.started
         ttft_s = ctx.first_token_at - ctx.started if ctx.first_token_at is not None else None
@@ -46,7 +47,7 @@ class Accountant:
         log.info(
             "request",
             request_id=ctx.request_id,
-            ts=served.isoformat(timespec="milliseconds"),
+            ts=iso_ms(ctx.ts),
             tenant=ctx.tenant_name,
             model_requested=ctx.model_requested,
             difficulty=None if ctx.difficulty is None else round(ctx.difficulty, 4),
@@ -75,6 +76,8 @@ class Accountant:
             avoided_cost_usd=avoided,
             baseline_cost_usd=baseline,
             saved_usd=round(baseline - cost, 9),
+            ttft_slo_ms=ctx.tenant.ttft_slo_ms if ctx.tenant else None,
+            **(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM),
         )
         self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
         good = meets_slo(ctx, ttft_s)
@@ -101,8 +104,8 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     if ctx.tier is None or not (ctx.upstream_started or hit):
         return 0.0, 0.0, 0.0
     tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
-    priced = cost_usd(ctx.tier.price_at(day), *tokens)
-    baseline = cost_usd(ctx.config.baseline.price_at(day), *tokens)
+    priced = ctx.tier.price_at(day).cost_usd(*tokens)
+    baseline = ctx.config.baseline.price_at(day).cost_usd(*tokens)
     return (0.0, priced, baseline) if hit else (priced, 0.0, baseline)
 
 

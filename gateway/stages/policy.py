@@ -3,16 +3,20 @@
 401 unknown key · 400 max_tokens over the cap (mode reject) · 413 prompt too large ·
 429 rate limit or daily budget (+ Retry-After). Clamps max_tokens, adds the tenant's stop
 sequences, and books the tokens and dollars actually used once the answer is done.
+A tenant running experiments (issue 22) is replaced by the policy of the request's arm, sticky per
+`user` or conversation (`gateway.experiments.assign`), before any limit applies.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from gateway.config import GatewayConfig, TenantPolicy
 from gateway.context import RequestContext
 from gateway.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest
+from gateway.experiments.assign import assign
 from gateway.limits.limiter import Limiter
 from gateway.types import Reply
 
@@ -20,11 +24,18 @@ CHARS_PER_TOKEN = 4  # the token estimate charged on admission, corrected when t
 
 
 class PolicyStage:
-    def __init__(self, limiter: Limiter | None = None) -> None:
+    def __init__(self, limiter: Limiter | None = None,
+                 record_owner: Callable[[RequestContext], None] | None = None) -> None:
         self._limiter = limiter
+        self._keys = KnownKeys()
+        self._record_owner = record_owner  # a finisher: who the request belonged to (POST /v1/feedback)
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        ctx.tenant = resolve_tenant(ctx.config, ctx.api_key)
+        ctx.tenant = self._keys.tenant(ctx.config, ctx.api_key)
+        if ctx.tenant.plan is not None and (arm := assign(ctx.tenant, ctx.body)) is not None:
+            ctx.assignment, ctx.tenant = arm, arm.policy  # the arm's fields from here on, max_tokens included
+        if self._record_owner is not None:
+            ctx.finishers.append(self._record_owner)
         prompt_chars = apply_limits(ctx, ctx.tenant)
         if self._limiter is not None:
             estimate = prompt_chars // CHARS_PER_TOKEN + (ctx.max_tokens or 0)
@@ -38,24 +49,42 @@ class PolicyStage:
             self._limiter.book(ctx.tenant, used - estimate, ctx.cost_usd)
 
 
-def resolve_tenant(config: GatewayConfig, api_key: str | None) -> TenantPolicy:
-    """The tenant owning `api_key`, or the anonymous one where the policy allows it.
+class KnownKeys:
+    """Tenants by API key, for keys already found valid under the serving config: a key is hashed once.
 
     Why these dict lookups leak nothing about a key (the argument for hmac.compare_digest holds):
     a dict compares the bytes of two keys only when their full 64-bit hashes match, and str hashes
     are SipHash under a per-process random seed, so a wrong key's lookup time depends on no byte
     of any stored key; the stored side is SHA-256, whose digests a near-miss cannot approach.
-    Only keys found valid enter `tenants_by_key`, so guessing cannot grow it."""
+    Only keys found valid enter the memo, so guessing cannot grow it; a new config version empties it."""
+
+    __slots__ = ("_config", "_tenants")
+
+    def __init__(self) -> None:
+        self._config: GatewayConfig | None = None
+        self._tenants: dict[str, TenantPolicy] = {}
+
+    def tenant(self, config: GatewayConfig, api_key: str | None) -> TenantPolicy:
+        """The tenant owning `api_key`, or the anonymous one where the policy allows it."""
+        if not api_key:
+            return resolve_tenant(config, api_key)
+        if config is not self._config:
+            self._config, self._tenants = config, {}
+        tenant = self._tenants.get(api_key)
+        if tenant is None:
+            tenant = self._tenants[api_key] = resolve_tenant(config, api_key)
+        return tenant
+
+
+def resolve_tenant(config: GatewayConfig, api_key: str | None) -> TenantPolicy:
+    """The tenant owning `api_key` (hashed and looked up), or the anonymous one where the policy allows it."""
     if not api_key:
         if config.anonymous is not None:
             return config.anonymous
         raise AuthenticationFailed("missing API key: send 'Authorization: Bearer <key>'")
-    tenant = config.tenants_by_key.get(api_key)
+    tenant = config.tenants_by_key_hash.get(hashlib.sha256(api_key.encode()).hexdigest())
     if tenant is None:
-        tenant = config.tenants_by_key_hash.get(hashlib.sha256(api_key.encode()).hexdigest())
-        if tenant is None:
-            raise AuthenticationFailed("invalid API key")
-        config.tenants_by_key[api_key] = tenant  # valid keys only: bounded by the tenants' keys in use
+        raise AuthenticationFailed("invalid API key")
     return tenant
 
 
@@ -80,7 +109,7 @@ def _max_tokens(ctx: RequestContext, tenant: TenantPolicy) -> int:
     asked = ctx.max_tokens
     if asked is not None and asked > rule.maximum and rule.on_exceed == "reject":
         name = "max_completion_tokens" if "max_completion_tokens" in ctx.body else "max_tokens"
-        raise InvalidRequest(f"'{name}' of {asked} exceeds tenant {tenant.name!r}'s maximum of {rule.maximum}",
+        raise InvalidRequest(f"'{name}' of {asked} exceeds the maximum of {rule.maximum} for tenant {tenant.name!r}",
                              param=name, code="max_tokens_exceeded")
     limit = rule.default if asked is None else min(asked, rule.maximum)
     cap = tenant.output_cap.tokens if tenant.output_cap else None

@@ -1,7 +1,9 @@
-"""OpenTelemetry traces of requests: off by default, and then nothing of OpenTelemetry is imported
-and a request pays one `is None` test. On when the routes file has a `tracing` section or the standard
-OTLP endpoint variable is set (OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off).
-The SDK itself reads the other OTEL_* variables (sampler, service name, headers, batch sizes)."""
+"""OpenTelemetry traces of requests: off by default, and then nothing of gateway.tracing.otel is
+imported and a request pays one `is None` test. On when the routes file has a `tracing` section or the
+standard OTLP endpoint variable is set (OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off).
+The spans are exported over OTLP/HTTP (protobuf) by the gateway's own exporter (gateway.tracing.otlp),
+not the OpenTelemetry SDK; it reads the standard OTEL_* variables the SDK would (sampler, service name,
+resource attributes, headers, timeout, compression, certificates, batch sizes)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def tracing_enabled(settings: TracingSettings | None, environ: Mapping[str, str]
 
 
 def open_tracing(settings: TracingSettings | None) -> Tracing | None:
-    """The tracer provider and exporter when tracing is on, else None (and OpenTelemetry stays unimported)."""
+    """The sampler and exporter when tracing is on, else None (and gateway.tracing.otel stays unimported)."""
     if not tracing_enabled(settings):
         return None
     from gateway.tracing.otel import Tracing

@@ -4,102 +4,245 @@ One SERVER span per request, named "{gen_ai.operation.name} {gen_ai.request.mode
 caller's `traceparent`; a child span for each stage that takes time of its own: classification,
 cache, admission (the queue wait) and upstream. The stage that answers keeps its span open until the
 answer is sent, so the upstream span covers the whole stream, with its time to first token. The request
-to the backend carries the upstream span's `traceparent`."""
+to the backend carries the upstream span's `traceparent`.
+
+No OpenTelemetry SDK: its per-span objects made full sampling cost +65 % CPU per request. A request's
+spans are plain tuples (ids from random.getrandbits, times from time.time_ns) handed, when the request
+finishes, to the exporter thread of gateway.tracing.otlp, which batches and encodes them as OTLP
+protobuf; the request path never waits on it. Sampling and propagation are the SDK's (W3C trace
+context; OTEL_TRACES_SAMPLER and its argument), from the same variables."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Mapping
+from functools import lru_cache
+from random import getrandbits
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind, StatusCode, set_span_in_context
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.util.types import AttributeValue
+import structlog
 
+import gateway
 from gateway.config.routes import TracingSettings
-from gateway.types import Reply, Stage
+from gateway.tracing.otlp import FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, FLAG_SAMPLED, KIND_INTERNAL, KIND_SERVER, \
+    Encoder, ExportSettings, Exporter, SpanRecord, parse_key_values
+from gateway.types import Reply
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.context import RequestContext
 
-Attributes = dict[str, AttributeValue]
+    StageCall = Callable[[RequestContext], Awaitable[Reply | None]]  # a pipeline Stage
+
+log = structlog.get_logger("gateway.tracing")
+
 OPERATIONS = {"chat": "chat", "completions": "text_completion"}
 SPANS = {"ClassifyStage": "classification", "CacheStage": "cache", "AdmissionStage": "admission",
          "ProxyStage": "upstream"}  # the other stages take microseconds: no span of their own
+SPAN_NAMES = {name: f"gateway.{name}" for name in SPANS.values()}
+_SPAN_OF: dict[type, str | None] = {}  # a stage's class -> its span's name (SPANS by class name), when seen
+_UNSEEN = "?"
+SCOPE = "gateway"  # the instrumentation scope's name
+ROOT_KEYS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.request.max_tokens",
+             "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.finish_reasons",
+             "http.response.status_code", "gateway.request_id", "gateway.tenant", "gateway.tier",
+             "gateway.difficulty", "gateway.queue_ms", "gateway.cache", "gateway.cost_usd", "gateway.outcome",
+             "gateway.error", "gateway.ttft_ms", "gateway.experiment", "gateway.arm")
+# attributes with few distinct values: the encoder caches their encodings together (the others: one by one)
+STABLE_KEYS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model",
+               "gen_ai.response.finish_reasons", "http.response.status_code", "gateway.tenant", "gateway.tier",
+               "gateway.cache", "gateway.outcome", "gateway.experiment", "gateway.arm", "gateway.backend",
+               "gateway.attempts", "server.address", "server.port")
+_DIFFICULTY, _CACHE, _QUEUE = ("gateway.difficulty",), ("gateway.cache",), ("gateway.queue_ms",)
+_ATTEMPTS = ("gateway.attempts",)
+_BACKEND = ("gateway.backend", "gateway.attempts", "server.address", "server.port")
+_WITH_TTFB = {_ATTEMPTS: (*_ATTEMPTS, "gateway.ttfb_ms"), _BACKEND: (*_BACKEND, "gateway.ttfb_ms")}  # (constants:
+# the encoder keeps a plan per tuple of keys)
+_NONE: tuple[Any, ...] = ()
+_NO_ARM = (None, None)  # gateway.experiment, gateway.arm outside an experiment
+_ID64, _TRACE_ID_LIMIT = (1 << 64) - 1, 1 << 64
+_CHILD_FLAGS = FLAG_HAS_IS_REMOTE | FLAG_SAMPLED
+
+# W3C trace context, validated as the SDK's TraceContextTextMapPropagator does
+_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
+_KEY = r"[a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}@[a-z][_0-9a-z\-\*\/]{0,13}"
+_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+_MEMBER = re.compile(f"({_KEY})=({_VALUE})")
+SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+            "parentbased_traceidratio")
 
 
-def _ran(name: str, ctx: RequestContext) -> bool:
-    """Whether a stage that let the request go on did something worth a span."""
-    if name == "classification":
-        return ctx.difficulty is not None
-    if name == "cache":
-        return ctx.cache != "off"
-    return True
+class Sampler:
+    """The SDK's samplers: a root decision from the trace id (always_on, always_off, traceidratio: the
+    trace id's low 64 bits under ratio * 2**64), and for the parentbased_* ones a caller's `traceparent`
+    decides instead (its sampled flag)."""
+
+    __slots__ = ("parent_based", "bound", "description")
+
+    def __init__(self, parent_based: bool, ratio: float) -> None:
+        self.parent_based = parent_based
+        self.bound = round(ratio * _TRACE_ID_LIMIT)
+        self.description = f"{'parentbased_' if parent_based else ''}traceidratio {ratio}"
+
+    def sampled(self, trace_id: int, parent_sampled: bool | None) -> bool:
+        if parent_sampled is not None and self.parent_based:
+            return parent_sampled
+        return trace_id & _ID64 < self.bound
+
+    @classmethod
+    def configured(cls, ratio: float | None, environ: Mapping[str, str] = os.environ) -> Sampler:
+        """The routes file's ratio (parent-based), else OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG
+        (default parentbased_always_on; an unknown name or a bad ratio falls back as in the SDK)."""
+        if ratio is not None:
+            return cls(True, ratio)
+        name = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").lower()
+        if name not in SAMPLERS:
+            log.warning("tracing_unknown_sampler", sampler=name, using="parentbased_always_on")
+            name = "parentbased_always_on"
+        parent_based = name.startswith("parentbased_")
+        if name.endswith("always_on"):
+            return cls(parent_based, 1.0)
+        if name.endswith("always_off"):
+            return cls(parent_based, 0.0)
+        try:
+            rate = float(environ.get("OTEL_TRACES_SAMPLER_ARG", ""))
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(rate)
+        except ValueError:
+            log.warning("tracing_bad_sampler_arg", value=environ.get("OTEL_TRACES_SAMPLER_ARG"), using=1.0)
+            rate = 1.0
+        return cls(parent_based, rate)
 
 
-def _stage_attributes(name: str, ctx: RequestContext) -> Attributes:
-    if name == "classification":
-        return {} if ctx.difficulty is None else {"gateway.difficulty": ctx.difficulty}
-    if name == "cache":
-        return {"gateway.cache": ctx.cache}
-    if name == "admission":
-        return {"gateway.queue_ms": ctx.queue_ms}
-    return _upstream(ctx)
+def parse_traceparent(headers: Mapping[str, str]) -> tuple[int, int, bool, str] | None:
+    """(trace id, parent span id, sampled, tracestate) of a valid `traceparent` (and `tracestate`)."""
+    header = headers.get("traceparent")
+    if not header or len(header) > 512:
+        return None
+    match = _TRACEPARENT.search(header)
+    if not match:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == "0" * 32 or span_id == "0" * 16 or version == "ff" or (version == "00" and rest):
+        return None
+    return int(trace_id, 16), int(span_id, 16), bool(int(flags, 16) & 1), _tracestate(headers.get("tracestate"))
+
+
+def _tracestate(header: str | None) -> str:
+    """The caller's `tracestate`, normalised; an invalid one (any bad member, a duplicate key, more than
+    32 members or 8192 characters) is dropped whole, as the SDK does."""
+    if not header or len(header) > 8192:
+        return ""
+    pairs: dict[str, str] = {}
+    for member in header.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        match = _MEMBER.fullmatch(member)
+        if not match or match.group(1) in pairs:
+            return ""
+        pairs[match.group(1)] = match.group(2)
+    if len(pairs) > 32:
+        return ""
+    return ",".join(f"{key}={value}" for key, value in pairs.items())
+
+
+def _new_id(bits: int) -> int:
+    while True:
+        found = getrandbits(bits)
+        if found:
+            return found
+
+
+def resource_attributes(service_name: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """service.name (the routes file's, else OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES', else
+    llm-gateway), OTEL_RESOURCE_ATTRIBUTES, and telemetry.sdk.* naming this exporter (not OpenTelemetry's
+    SDK: the name `opentelemetry` is reserved for it)."""
+    found: dict[str, Any] = {"telemetry.sdk.language": "python", "telemetry.sdk.name": "gateway.tracing",
+                             "telemetry.sdk.version": gateway.__version__}
+    found.update(parse_key_values(environ.get("OTEL_RESOURCE_ATTRIBUTES", "")))
+    found["service.name"] = (service_name or environ.get("OTEL_SERVICE_NAME") or found.get("service.name")
+                             or "llm-gateway")
+    return found
 
 
 class Tracing:
-    """The tracer provider (its own, not the process-global one) and the OTLP/HTTP exporter."""
+    """The sampler, the resource and the exporter (thread and queue), for the gateway's lifetime."""
 
-    def __init__(self, settings: TracingSettings) -> None:
-        service = settings.service_name or os.environ.get("OTEL_SERVICE_NAME") or "llm-gateway"
-        sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio)) if settings.sample_ratio is not None else None
-        self.provider = TracerProvider(sampler=sampler, resource=Resource.create({"service.name": service}))
-        endpoint = f"{settings.endpoint.rstrip('/')}/v1/traces" if settings.endpoint else None
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-        self.tracer = self.provider.get_tracer("gateway")
-        self.propagator = TraceContextTextMapPropagator()
+    def __init__(self, settings: TracingSettings, post: Callable[[bytes], None] | None = None,
+                 environ: Mapping[str, str] = os.environ) -> None:
+        """`post` replaces the HTTP POST of each encoded export (benchmarks, tests)."""
+        self.sampler = Sampler.configured(settings.sample_ratio, environ)
+        self.resource = resource_attributes(settings.service_name, environ)
+        self.export_settings = ExportSettings.from_environ(environ, settings.endpoint)
+        self.exporter = Exporter(self.export_settings, Encoder(self.resource, SCOPE, STABLE_KEYS), post,
+                                 user_agent=f"llm-gateway/{gateway.__version__} OTLP/HTTP")
+        log.info("tracing_on", endpoint=self.export_settings.endpoint, sampler=self.sampler.description,
+                 service=self.resource["service.name"])
 
     def start(self, headers: Mapping[str, str], ctx: RequestContext) -> RequestTrace:
         """The request's trace, continuing the caller's when its headers carry a valid `traceparent`."""
-        parent = self.propagator.extract(headers) if "traceparent" in headers else None
-        operation = OPERATIONS.get(ctx.endpoint, ctx.endpoint)
-        root = self.tracer.start_span(operation, context=parent, kind=SpanKind.SERVER)
-        return RequestTrace(self, root)
+        parent = parse_traceparent(headers) if "traceparent" in headers else None
+        if parent is None:
+            trace_id = getrandbits(128) or _new_id(128)
+            return RequestTrace(self, trace_id, 0, "", self.sampler.sampled(trace_id, None), FLAG_HAS_IS_REMOTE)
+        trace_id, parent_id, parent_sampled, trace_state = parent
+        return RequestTrace(self, trace_id, parent_id, trace_state, self.sampler.sampled(trace_id, parent_sampled),
+                            FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE)
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans turned away because the export queue was full (OTEL_BSP_MAX_QUEUE_SIZE)."""
+        return self.exporter.dropped
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        return self.exporter.force_flush(timeout_s)
 
     def shutdown(self) -> None:
         """Export what is left and stop (blocking: call it from a thread)."""
-        self.provider.shutdown()
+        self.exporter.shutdown()
 
 
 class RequestTrace:
-    __slots__ = ("_tracing", "root", "recording", "_context", "_upstream", "_answer", "_sent_at", "_first_byte_at")
+    __slots__ = ("_tracing", "trace_id", "span_id", "parent_id", "trace_state", "recording", "_flags", "_start_ns",
+                 "_spans", "_upstream", "_answer", "_sent_at", "_first_byte_at", "_finished")
 
-    def __init__(self, tracing: Tracing, root: Span) -> None:
+    def __init__(self, tracing: Tracing, trace_id: int, parent_id: int, trace_state: str, sampled: bool,
+                 flags: int) -> None:
         self._tracing = tracing
-        self.root = root
-        self.recording = root.is_recording()  # sampled: the stages get spans (else only traceparent goes on)
-        self._context = set_span_in_context(root)
-        self._upstream: Span | None = None  # open while the backend answers (its traceparent is the parent)
+        self.trace_id = trace_id
+        self.span_id = getrandbits(64) or _new_id(64)  # the request's span (upstream's parent when not sampled)
+        self.parent_id = parent_id  # the caller's span, 0 when none
+        self.trace_state = trace_state
+        self.recording = sampled  # sampled: the stages get spans (else only traceparent goes on)
+        self._flags = flags | FLAG_SAMPLED
+        self._start_ns = time.time_ns() if sampled else 0
+        self._spans: list[SpanRecord] = []  # the stages' spans, ended
+        self._upstream = 0  # the upstream span's id while the backend answers (its traceparent is the parent)
         self._answer: tuple[str, int] | None = None  # the stage that answered, and when it started
         self._sent_at = 0.0  # perf_counter() when the upstream stage began
         self._first_byte_at: float | None = None  # ... and when the backend's first byte came
+        self._finished = False
 
-    async def stage(self, stage: Stage, ctx: RequestContext) -> Reply | None:
-        """Run one stage, traced when it gets a span. Spans of stages with nothing to show (no classifier
-        score, no cache lookup) are left out; all but the upstream's are made when the stage ends."""
-        name = SPANS.get(type(stage).__name__)
-        if name is None:
-            return await stage(ctx)
+    def stage(self, stage: StageCall, ctx: RequestContext) -> Awaitable[Reply | None]:
+        """Run one stage (await it), traced when it gets a span. Spans of stages with nothing to show (no
+        classifier score, no cache lookup) are left out; a span is recorded when its stage ends (or, for
+        the stage that answers, when the answer has been sent). A stage without a span of its own is
+        returned as is: no wrapper on its way."""
+        kind = type(stage)
+        name = _SPAN_OF.get(kind, _UNSEEN)
+        if name is _UNSEEN:
+            name = _SPAN_OF[kind] = SPANS.get(kind.__name__)
+        return stage(ctx) if name is None else self._traced(name, stage, ctx)
+
+    async def _traced(self, name: str, stage: StageCall, ctx: RequestContext) -> Reply | None:
         started_ns = time.time_ns()
         if name == "upstream":
-            self._upstream = self._tracing.tracer.start_span("gateway.upstream", self._context, start_time=started_ns)
+            self._upstream = getrandbits(64) or _new_id(64)
             self._sent_at = time.perf_counter()
             ctx.first_byte_hooks.append(self._first_byte)
         try:
@@ -114,19 +257,20 @@ class RequestTrace:
         return reply
 
     def _end(self, name: str, started_ns: int, ctx: RequestContext, error: str | None = None) -> None:
-        upstream = name == "upstream" and self._upstream is not None
-        span = self._upstream if upstream else self._tracing.tracer.start_span(
-            f"gateway.{name}", self._context, start_time=started_ns)
-        assert span is not None
-        span.set_attributes(_stage_attributes(name, ctx))
-        if upstream and self._first_byte_at is not None:
-            span.set_attribute("gateway.ttfb_ms", (self._first_byte_at - self._sent_at) * 1000)
-            span.add_event("first_byte", timestamp=_wall_ns(self._first_byte_at))
-        if upstream and ctx.first_token_at is not None:
-            span.add_event("first_token", timestamp=_wall_ns(ctx.first_token_at))
-        if error is not None:
-            span.set_status(StatusCode.ERROR, error)
-        span.end()
+        events: tuple[tuple[str, int], ...] | None = None
+        if name == "upstream" and self._upstream:
+            span_id = self._upstream
+            keys, values = _upstream(ctx)
+            if self._first_byte_at is not None:
+                keys, values = _WITH_TTFB[keys], (*values, (self._first_byte_at - self._sent_at) * 1000)
+                events = (("first_byte", _wall_ns(self._first_byte_at)),)
+            if ctx.first_token_at is not None:
+                events = (*(events or ()), ("first_token", _wall_ns(ctx.first_token_at)))
+        else:
+            span_id = getrandbits(64) or _new_id(64)
+            keys, values = _stage_attributes(name, ctx)
+        self._spans.append((self.trace_id, span_id, self.span_id, _CHILD_FLAGS, self.trace_state, SPAN_NAMES[name],
+                            KIND_INTERNAL, started_ns, time.time_ns(), keys, values, events, error))
 
     def _first_byte(self, at: float) -> None:
         self._first_byte_at = at
@@ -134,59 +278,72 @@ class RequestTrace:
     def headers(self) -> dict[str, str]:
         """`traceparent` (and `tracestate`) for the request to the backend: the upstream span (or, when
         the trace is not sampled, the request's, flagged so)."""
-        carrier: dict[str, str] = {}
-        span = self._upstream or self.root
-        self._tracing.propagator.inject(carrier, context=set_span_in_context(span))
+        span_id = self._upstream or self.span_id
+        carrier = {"traceparent": f"00-{self.trace_id:032x}-{span_id:016x}-{'01' if self.recording else '00'}"}
+        if self.trace_state:
+            carrier["tracestate"] = self.trace_state
         return carrier
 
     def finish(self, ctx: RequestContext) -> None:
         """End the answering stage's span and the request's span with what the request came to
-        (a finisher: runs after accounting, so tokens and cost are known)."""
-        if not self.recording:
+        (a finisher: runs after accounting, so tokens and cost are known), and queue them for export."""
+        if not self.recording or self._finished:
             return
+        self._finished = True
         if self._answer is not None:
             self._end(*self._answer, ctx)
         operation = OPERATIONS.get(ctx.endpoint, ctx.endpoint)
-        self.root.update_name(f"{operation} {ctx.model_requested}" if ctx.model_requested else operation)
-        self.root.set_attributes(_request_attributes(ctx, operation))
-        if ctx.status >= 500 or ctx.outcome == "internal_error":
-            self.root.set_status(StatusCode.ERROR, ctx.error or ctx.outcome)
-        self.root.end()
+        name = f"{operation} {ctx.model_requested}" if ctx.model_requested else operation
+        error = (ctx.error or ctx.outcome) if ctx.status >= 500 or ctx.outcome == "internal_error" else None
+        spans = self._spans
+        spans.append((self.trace_id, self.span_id, self.parent_id, self._flags, self.trace_state, name, KIND_SERVER,
+                      self._start_ns, time.time_ns(), ROOT_KEYS, _request_attributes(ctx, operation), None, error))
+        self._tracing.exporter.submit(spans)
 
 
-def _request_attributes(ctx: RequestContext, operation: str) -> Attributes:
-    """GenAI semantic-convention attributes, and the gateway's own."""
-    found: dict[str, AttributeValue | None] = {
-        "gen_ai.operation.name": operation,
-        "gen_ai.request.model": ctx.model_requested,
-        "gen_ai.response.model": ctx.replica.model if ctx.replica else None,
-        "gen_ai.request.max_tokens": ctx.max_tokens,
-        "gen_ai.usage.input_tokens": ctx.prompt_tokens,
-        "gen_ai.usage.output_tokens": ctx.completion_tokens,
-        "gen_ai.response.finish_reasons": [ctx.finish_reason] if ctx.finish_reason else None,
-        "http.response.status_code": ctx.status,
-        "gateway.request_id": ctx.request_id,
-        "gateway.tenant": ctx.tenant_name,
-        "gateway.tier": ctx.tier.name if ctx.tier else None,
-        "gateway.difficulty": ctx.difficulty,
-        "gateway.queue_ms": ctx.queue_ms,
-        "gateway.cache": ctx.cache,
-        "gateway.cost_usd": ctx.cost_usd,
-        "gateway.outcome": ctx.outcome,
-        "gateway.error": ctx.error,
-        "gateway.ttft_ms": (ctx.first_token_at - ctx.started) * 1000 if ctx.first_token_at is not None else None,
-    }
-    return {key: value for key, value in found.items() if value is not None}
+def _ran(name: str, ctx: RequestContext) -> bool:
+    """Whether a stage that let the request go on did something worth a span."""
+    if name == "classification":
+        return ctx.difficulty is not None
+    if name == "cache":
+        return ctx.cache != "off"
+    return True
+
+
+def _stage_attributes(name: str, ctx: RequestContext) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    if name == "classification":
+        return (_NONE, _NONE) if ctx.difficulty is None else (_DIFFICULTY, (ctx.difficulty,))
+    if name == "cache":
+        return _CACHE, (ctx.cache,)
+    if name == "admission":
+        return _QUEUE, (ctx.queue_ms,)
+    return _upstream(ctx)
+
+
+def _upstream(ctx: RequestContext) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    if ctx.replica is None:
+        return _ATTEMPTS, (ctx.attempts,)
+    host, port = _address(ctx.replica.url)
+    return _BACKEND, (ctx.replica.name, ctx.attempts, host, port)
+
+
+@lru_cache(maxsize=1024)
+def _address(url: str) -> tuple[str, int]:
+    """server.address and server.port of a replica's URL."""
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _request_attributes(ctx: RequestContext, operation: str) -> tuple[Any, ...]:
+    """GenAI semantic-convention attributes, and the gateway's own: the values of ROOT_KEYS (None: absent)."""
+    return (operation, ctx.model_requested, ctx.replica.model if ctx.replica else None, ctx.max_tokens,
+            ctx.prompt_tokens, ctx.completion_tokens, (ctx.finish_reason,) if ctx.finish_reason else None,
+            ctx.status, ctx.request_id, ctx.tenant_name, ctx.tier.name if ctx.tier else None, ctx.difficulty,
+            ctx.queue_ms, ctx.cache, ctx.cost_usd, ctx.outcome, ctx.error,
+            (ctx.first_token_at - ctx.started) * 1000 if ctx.first_token_at is not None else None,
+            *((ctx.assignment.experiment, ctx.assignment.arm) if ctx.assignment is not None else _NO_ARM))
 
 
 def _wall_ns(perf: float) -> int:
     """A time.perf_counter() reading as wall-clock nanoseconds (what span events take)."""
     return time.time_ns() - int((time.perf_counter() - perf) * 1e9)
-
-
-def _upstream(ctx: RequestContext) -> Attributes:
-    if ctx.replica is None:
-        return {"gateway.attempts": ctx.attempts}
-    url = urlsplit(ctx.replica.url)
-    return {"gateway.backend": ctx.replica.name, "gateway.attempts": ctx.attempts,
-            "server.address": url.hostname or "", "server.port": url.port or 80}

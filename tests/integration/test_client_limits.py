@@ -12,12 +12,11 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from gateway import client_limits
+from gateway.app import create_app
 from gateway.client_limits import ClientLimits
 from gateway.stages.parse import MAX_MESSAGES
-from gateway.testing import TEST_API_KEY, gateway_config, tier
+from gateway.testing import TEST_API_KEY, content, gateway_config, tier
 from tests.conftest import StartApp, StartEmulator, StartGateway
-from tests.integration.test_forwarding import content
 
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
 CHAT = {"model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -73,9 +72,10 @@ async def test_a_chunked_body_over_the_limit_is_refused_without_reading_it_all(g
     assert (line["status"], line["outcome"]) == (413, "rejected")
 
 
-async def test_a_body_that_trickles_in_gets_408_in_openai_shape(gateway: str,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_limits, "LIMITS", SHORT)
+async def test_a_body_that_trickles_in_gets_408_in_openai_shape(start_emulator: StartEmulator,
+                                                                start_app: StartApp) -> None:
+    emulator = await start_emulator()
+    gateway = await start_app(create_app(gateway_config([tier("t", [f"{emulator.url}/v1"])]), client_limits=SHORT))
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_API_KEY}\r\n"
             "Content-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"model\"").encode()
     started = time.monotonic()
@@ -113,11 +113,9 @@ async def test_too_many_messages_is_a_400_naming_the_field(start_emulator: Start
     assert status == 400 and error["param"] == "messages" and str(MAX_MESSAGES) in error["message"]
 
 
-async def test_a_client_trickling_its_headers_is_dropped(start_emulator: StartEmulator, start_gateway: StartGateway,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_limits, "LIMITS", SHORT)
+async def test_a_client_trickling_its_headers_is_dropped(start_emulator: StartEmulator, start_app: StartApp) -> None:
     emulator = await start_emulator()
-    gateway = await start_gateway(gateway_config([tier("t", [f"{emulator.url}/v1"])]))
+    gateway = await start_app(create_app(gateway_config([tier("t", [f"{emulator.url}/v1"])]), client_limits=SHORT))
     host, port = gateway.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     started = time.monotonic()
@@ -163,11 +161,10 @@ def firehose(total_bytes: int, written: list[int], ended: list[str]) -> web.Appl
 
 
 async def test_a_client_that_stops_reading_a_stream_is_dropped_and_the_upstream_cancelled(
-        start_app: StartApp, start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_limits, "LIMITS", SHORT)
+        start_app: StartApp) -> None:
     total, written, ended = 256 * 1024 * 1024, [0], []
     upstream = await start_app(firehose(total, written, ended))
-    gateway = await start_gateway(gateway_config([tier("t", [f"{upstream}/v1"])]))
+    gateway = await start_app(create_app(gateway_config([tier("t", [f"{upstream}/v1"])]), client_limits=SHORT))
     body = orjson.dumps({**CHAT, "stream": True})
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_API_KEY}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()

@@ -27,10 +27,11 @@ async def gateway_client(start_emulator: StartEmulator, start_app: StartApp, red
     return AsyncOpenAI(base_url=f"{await start_app(create_app(config, redis_url=redis_url))}/v1", api_key=TEST_API_KEY)
 
 
-async def stored_vectors(redis_url: str, n: int, timeout_s: float = 5.0) -> None:
+async def stored_vectors(redis_url: str, n: int, timeout_s: float = 5.0, pattern: str = "emb:*") -> None:
+    """Wait until Redis holds `n` vectors under `pattern` (they are written after the answer)."""
     client = Redis.from_url(redis_url)
     deadline = time.monotonic() + timeout_s
-    while len(await client.keys("emb:*")) < n:
+    while len(await client.keys(pattern)) < n:
         assert time.monotonic() < deadline, "the vectors never reached Redis"
         await asyncio.sleep(0.01)
     await client.aclose()
@@ -44,7 +45,7 @@ async def test_embeddings_several_inputs_then_a_redis_hit_on_another_replica(
         cold = await first.embeddings.create(model="minilm", input=INPUTS)
         await stored_vectors(redis_url, len(INPUTS))  # written behind the answer
         warm = await second.embeddings.create(model="auto", input=INPUTS, encoding_format="base64")
-    vectors = np.array([d.embedding for d in cold.data])
+    vectors = np.array([d.embedding for d in cold.data], dtype=np.float32)  # float32 numbers, as OpenAI's
     assert vectors.shape == (3, 384) and [d.index for d in cold.data] == [0, 1, 2]
     similarity = vectors @ vectors.T
     assert similarity[0, 1] > similarity[0, 2] + 0.3  # real sentence embeddings: paraphrases are close

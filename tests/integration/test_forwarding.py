@@ -1,58 +1,20 @@
 """Byte-level SSE forwarding, client disconnects and failover, against real servers on loopback."""
 
 import asyncio
-from collections.abc import Sequence
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 from structlog.testing import capture_logs
 
 from gateway.emulator.faults import FaultConfig
-from gateway.testing import TEST_API_KEY, gateway_config, tier
+from gateway.testing import (
+    CHAT_STREAM, SEEN, TEST_API_KEY, USAGE_EVENT, content, gateway_config, scripted_upstream, tier,
+)
 from tests.conftest import StartApp, StartEmulator, StartGateway
 
-SEEN = web.AppKey("seen", list)
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
-
-
-def event(obj: dict) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def content(text: str, finish: str | None = None) -> bytes:
-    return event({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                  "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
-
-
-USAGE_EVENT = event({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
-                     "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}})
-BODY = (event({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        + b": comment lines pass too\n\n" + content("Hé") + content("llo") + content("!", "stop")
-        + USAGE_EVENT + b"data: [DONE]\n\n")
-
-
-def scripted_upstream(pieces: Sequence[bytes], delay_s: float = 0.0) -> web.Application:
-    """An upstream that writes exactly `pieces` (arbitrary boundaries, even inside UTF-8)."""
-    seen: list[dict] = []
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        seen.append(await request.json())
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for piece in pieces:
-            await response.write(piece)
-            await asyncio.sleep(delay_s)
-        await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    app[SEEN] = seen
-    return app
 
 
 async def post_stream(url: str, body: dict, headers: dict | None = None) -> tuple[int, bytes, aiohttp.typedefs.LooseHeaders]:
@@ -61,10 +23,10 @@ async def post_stream(url: str, body: dict, headers: dict | None = None) -> tupl
             return response.status, await response.read(), response.headers
 
 
-@pytest.mark.parametrize("piece_size", [1, 5, 64, len(BODY)])
+@pytest.mark.parametrize("piece_size", [1, 5, 64, len(CHAT_STREAM)])
 async def test_sse_bytes_are_forwarded_exactly(start_app: StartApp, start_gateway: StartGateway,
                                                piece_size: int) -> None:
-    pieces = [BODY[i:i + piece_size] for i in range(0, len(BODY), piece_size)]
+    pieces = [CHAT_STREAM[i:i + piece_size] for i in range(0, len(CHAT_STREAM), piece_size)]
     app = scripted_upstream(pieces)
     upstream = await start_app(app)
     gateway = await start_gateway(gateway_config([tier("t", [f"{upstream}/v1"])]))
@@ -72,7 +34,7 @@ async def test_sse_bytes_are_forwarded_exactly(start_app: StartApp, start_gatewa
         status, got, headers = await post_stream(gateway, {**CHAT, "stream": True,
                                                            "stream_options": {"include_usage": True}})
     assert status == 200 and headers["Content-Type"] == "text/event-stream"
-    assert got == BODY
+    assert got == CHAT_STREAM
     assert app[SEEN][0]["stream_options"] == {"include_usage": True}
     assert app[SEEN][0]["model"] == "emulated"  # the replica's upstream model name
     line = next(entry for entry in logs if entry["event"] == "request")
@@ -81,14 +43,14 @@ async def test_sse_bytes_are_forwarded_exactly(start_app: StartApp, start_gatewa
 
 async def test_usage_event_is_removed_when_the_client_did_not_ask(start_app: StartApp,
                                                                    start_gateway: StartGateway) -> None:
-    upstream = await start_app(scripted_upstream([BODY]))
+    upstream = await start_app(scripted_upstream([CHAT_STREAM]))
     gateway = await start_gateway(gateway_config([tier("t", [f"{upstream}/v1"])]))
     _, got, _ = await post_stream(gateway, {**CHAT, "stream": True})
-    assert got == BODY.replace(USAGE_EVENT, b"")
+    assert got == CHAT_STREAM.replace(USAGE_EVENT, b"")
 
 
 async def test_counted_usage_when_the_backend_reports_none(start_app: StartApp, start_gateway: StartGateway) -> None:
-    upstream = await start_app(scripted_upstream([BODY.replace(USAGE_EVENT, b"")]))
+    upstream = await start_app(scripted_upstream([CHAT_STREAM.replace(USAGE_EVENT, b"")]))
     gateway = await start_gateway(gateway_config([tier("t", [f"{upstream}/v1"])]))
     with capture_logs() as logs:
         await post_stream(gateway, {**CHAT, "stream": True})

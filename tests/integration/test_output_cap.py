@@ -8,7 +8,7 @@ from structlog.testing import capture_logs
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, PolicyConfig
-from gateway.testing import TEST_API_KEY, gateway_config, tier
+from gateway.testing import TEST_API_KEY, content, gateway_config, scripted_upstream, tier
 from tests.conftest import StartApp, StartEmulator
 
 
@@ -42,8 +42,6 @@ async def test_a_char_cap_ends_the_stream_and_cancels_the_backend(start_emulator
 
 
 async def test_a_token_cap_holds_even_when_the_backend_ignores_max_tokens(start_app: StartApp) -> None:
-    from tests.integration.test_forwarding import content, scripted_upstream
-
     upstream = await start_app(scripted_upstream([content(f"w{i} ") for i in range(20)] + [b"data: [DONE]\n\n"]))
     url = await start_app(create_app(capped(gateway_config([tier("t", [f"{upstream}/v1"])]), tokens=3)))
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key=TEST_API_KEY)

@@ -27,6 +27,7 @@ import orjson
 import pytest
 import yaml
 
+from gateway.accounting.log import FLUSH_DELAY_S
 from gateway.config import GatewayConfig
 from gateway.local.redis_server import free_port
 from gateway.testing import TEST_API_KEY, TEST_TENANT, gateway_config, tier
@@ -87,7 +88,8 @@ class Replica:
     log: Path
 
     def records(self) -> list[dict[str, Any]]:
-        """The JSON lines of its log file."""
+        """The JSON lines of its log file (read after the log's write-behind delay: lines land in batches)."""
+        time.sleep(5 * FLUSH_DELAY_S)
         return [orjson.loads(line) for line in self.log.read_bytes().splitlines() if line.startswith(b"{")]
 
     def requests(self) -> list[dict[str, Any]]:

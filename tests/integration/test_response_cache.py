@@ -6,7 +6,8 @@ import pytest
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
-from gateway.app import GATEWAY, create_app
+from gateway.app import create_app
+from gateway.state import GATEWAY
 from gateway.config import GatewayConfig, PolicyConfig
 from gateway.emulator.faults import FaultConfig
 from gateway.emulator.harness import RunningEmulator

@@ -17,9 +17,8 @@ from gateway.app import create_app
 from gateway.classifier.difficulty import DifficultyClassifier, load_classifier
 from gateway.config import ConfigError, GatewayConfig, PolicyConfig, RoutesConfig
 from gateway.config.loader import load_routes
-from gateway.testing import TEST_API_KEY, gateway_config, routes_yaml, tier
+from gateway.testing import CHAT_STREAM, TEST_API_KEY, gateway_config, routes_yaml, tier
 from tests.conftest import StartApp, StartEmulator, StartGateway
-from tests.integration.test_forwarding import BODY
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_KEY, ADMIN_KEY, BACKEND_KEY = "sk-other-tenant-7f3a", "sk-admin-2b9c", "sk-backend-credential-5d1e"
@@ -66,7 +65,7 @@ def recording_upstream() -> web.Application:
             return web.json_response(answer, headers=own)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **own})
         await response.prepare(request)
-        await response.write(BODY)
+        await response.write(CHAT_STREAM)
         return response
 
     app = web.Application()

@@ -10,14 +10,13 @@ import pytest
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
-from gateway.app import GATEWAY, create_app
+from gateway.app import create_app
+from gateway.state import GATEWAY
 from gateway.context import RequestContext
 from gateway.emulator.faults import FaultConfig
-from gateway.pipeline import run_stages
-from gateway.testing import TEST_API_KEY, gateway_config, tier
+from gateway.testing import CHAT_STREAM, TEST_API_KEY, content, gateway_config, scripted_upstream, tier
 from gateway.types import StreamReply
 from tests.conftest import StartApp, StartEmulator, StartGateway
-from tests.integration.test_forwarding import BODY, content, scripted_upstream
 
 MESSAGES = [{"role": "user", "content": "Tell me about tail latency"}]
 LLAMA_LIKE = FaultConfig(omit_finish_reason=True, omit_usage=True)  # what llama.cpp's server sometimes sends
@@ -44,7 +43,7 @@ async def emulated_client(start_emulator: StartEmulator, start_gateway: StartGat
 async def test_a_stream_the_client_closes_right_after_done_is_logged_200_ok(start_app: StartApp,
                                                                            start_gateway: StartGateway) -> None:
     # the upstream holds its connection open after [DONE]; the SDK closes its own as soon as it reads [DONE]
-    upstream = await start_app(scripted_upstream([BODY], delay_s=1.0))
+    upstream = await start_app(scripted_upstream([CHAT_STREAM], delay_s=1.0))
     gateway = await start_gateway(gateway_config([tier("t", [f"{upstream}/v1"])]))
     client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key=TEST_API_KEY)
     with capture_logs() as logs:
@@ -135,16 +134,15 @@ async def test_a_hang_up_is_priced_for_the_tokens_read_from_the_backend(start_ap
                          b'{"model": "t", "stream": true, "messages": [{"role": "user", "content": "hello there"}]}',
                          TEST_API_KEY, time.perf_counter(), time.time())
     with capture_logs() as logs:
-        reply = await run_stages(gateway.stages, ctx)
+        assert gateway.path is not None
+        reply = await gateway.path.run(ctx)
         assert isinstance(reply, StreamReply)
         chunks = reply.source.chunks()
         assert await anext(chunks) == content("a")
         await asyncio.sleep(0.3)  # "b" to "f" arrive while the client is gone
         ctx.status, ctx.outcome = 499, "client_disconnected"
         reply.source.close()
-        gateway.accountant.settle(ctx)
-        for finish in ctx.finishers:
-            finish(ctx)
+        gateway.path.finish(ctx)
         [line] = await request_lines(logs)
     assert (line["status"], line["outcome"]) == (499, "client_disconnected")
     assert line["completion_tokens"] == 6  # the client got 1 token; the backend had sent 6

@@ -73,12 +73,14 @@ def _is_child(span: Span) -> bool:
 
 
 def attributes(span: Span) -> dict[str, Any]:
-    def value(v: AnyValue) -> Any:
-        kind = v.WhichOneof("value")
-        if kind == "array_value":
-            return [value(item) for item in v.array_value.values]
-        return getattr(v, kind) if kind else None
     return {a.key: value(a.value) for a in span.attributes}
+
+
+def value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [value(item) for item in v.array_value.values]
+    return getattr(v, kind) if kind else None
 
 
 async def started(start_app: StartApp, routes: dict[str, Any] | None = None, redis_url: str | None = None
@@ -184,3 +186,217 @@ def test_tracing_off_imports_no_opentelemetry() -> None:
             "assert not loaded, loaded\n")  # (redis-py imports opentelemetry's API when it is installed)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# ---- the exporter's parts, without a gateway: encoding, sampling, propagation, queue, HTTP ----
+
+TRACE_ID, ROOT_ID, CHILD_ID = int(CALLER_TRACE, 16), 0x1111, 0x2222
+
+
+def _decoded(body: bytes) -> tuple[dict[str, Any], str, list[Span]]:
+    """(resource attributes, scope name, spans) of one encoded export."""
+    export = ExportTraceServiceRequest.FromString(body)
+    assert len(export.resource_spans) == 1 and len(export.resource_spans[0].scope_spans) == 1
+    resource_spans = export.resource_spans[0]
+    resource = {a.key: value(a.value) for a in resource_spans.resource.attributes}
+    scope = resource_spans.scope_spans[0]
+    return resource, scope.scope.name, list(scope.spans)
+
+
+def test_spans_encode_as_otlp_protobuf() -> None:
+    from gateway.tracing.otlp import FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, FLAG_SAMPLED, Encoder
+
+    stable = {"k0", "k1", "k3", "k8", "k9", "k12", "server.port"}  # cached as blocks (k9: a list, unhashable)
+    encoder = Encoder({"service.name": "svc", "deployment.environment": "test"}, "gateway", stable)
+    values = ("chat", True, False, 0, -7, 2**40, 3.25, 0.0, ("stop", "length"), [1, 2.5], b"\x00\x01", "é" * 70,
+              None, "short")
+    keys = tuple(f"k{i}" for i in range(len(values)))
+    root = (TRACE_ID, ROOT_ID, 0x00F067AA0BA902B7, FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE | FLAG_SAMPLED, "a=1,b=2",
+            "chat auto", 2, 1_000, 5_000, keys, values, None, "RuntimeError: boom")
+    child = (TRACE_ID, CHILD_ID, ROOT_ID, FLAG_HAS_IS_REMOTE | FLAG_SAMPLED, "", "gateway.upstream", 1, 2_000, 4_000,
+             ("gateway.ttfb_ms", "server.port"), (12.5, 8000), (("first_byte", 2_500), ("first_token", 3_000)), None)
+    first = encoder.request([root, child])
+    assert encoder.request([root, child]) == first  # the caches give the same bytes
+    def unordered(spans: list[Span]) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+        found = []
+        for span in spans:
+            pairs = sorted((a.key, a.value.SerializeToString()) for a in span.attributes)
+            del span.attributes[:]
+            found.append((span.SerializeToString(), pairs))
+        return found
+
+    plain = Encoder({}, "gateway").request([root, child])  # no blocks: the same spans, attributes in key order
+    assert unordered(_decoded(plain)[2]) == unordered(_decoded(first)[2])
+    resource, scope, (span, upstream) = _decoded(first)
+    assert resource == {"service.name": "svc", "deployment.environment": "test"} and scope == "gateway"
+    assert span.trace_id.hex() == CALLER_TRACE and span.span_id == ROOT_ID.to_bytes(8, "big")
+    assert span.parent_span_id.hex() == CALLER_SPAN and span.trace_state == "a=1,b=2" and span.name == "chat auto"
+    assert span.kind == Span.SPAN_KIND_SERVER and (span.start_time_unix_nano, span.end_time_unix_nano) == (1_000, 5_000)
+    assert span.flags == 0x301 and span.status.code == span.status.STATUS_CODE_ERROR
+    assert span.status.message == "RuntimeError: boom"
+    assert attributes(span) == {"k0": "chat", "k1": True, "k2": False, "k3": 0, "k4": -7, "k5": 2**40, "k6": 3.25,
+                                "k7": 0.0, "k8": ["stop", "length"], "k9": [1, 2.5], "k10": b"\x00\x01",
+                                "k11": "é" * 70, "k13": "short"}
+    assert upstream.parent_span_id == ROOT_ID.to_bytes(8, "big") and upstream.kind == Span.SPAN_KIND_INTERNAL
+    assert not upstream.trace_state and upstream.flags == 0x101 and upstream.status.code == 0
+    assert attributes(upstream) == {"gateway.ttfb_ms": 12.5, "server.port": 8000}
+    assert [(e.name, e.time_unix_nano) for e in upstream.events] == [("first_byte", 2_500), ("first_token", 3_000)]
+
+
+def test_samplers_follow_the_sdk() -> None:
+    from gateway.tracing.otel import Sampler
+
+    low, high = (1 << 64) | 5, (0xFFFF << 64) | (3 << 62)  # low 64 bits: 5, and 0.75 of 2**64
+    def decisions(environ: dict[str, str], ratio: float | None = None) -> tuple[bool, ...]:
+        sampler = Sampler.configured(ratio, environ)
+        return (sampler.sampled(low, None), sampler.sampled(high, None), sampler.sampled(high, True),
+                sampler.sampled(low, False))
+
+    assert decisions({}) == (True, True, True, False)  # default: parentbased_always_on
+    assert decisions({"OTEL_TRACES_SAMPLER": "always_on"}) == (True, True, True, True)
+    assert decisions({"OTEL_TRACES_SAMPLER": "always_off"}) == (False, False, False, False)
+    assert decisions({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}) == (False, False, True, False)
+    ratio = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    assert decisions(ratio) == (True, False, False, True)  # the parent's flag does not count
+    assert decisions({**ratio, "OTEL_TRACES_SAMPLER": "PARENTBASED_TRACEIDRATIO"}) == (True, False, True, False)
+    assert decisions({**ratio, "OTEL_TRACES_SAMPLER_ARG": "lots"}) == (True, True, True, True)  # bad: 1.0
+    assert decisions({"OTEL_TRACES_SAMPLER": "jaeger_remote"}) == (True, True, True, False)  # unknown: default
+    assert decisions({"OTEL_TRACES_SAMPLER": "always_on"}, ratio=0.0) == (False, False, True, False)  # routes file
+
+
+def test_traceparent_is_continued_only_when_valid() -> None:
+    from gateway.tracing.otel import parse_traceparent
+
+    good = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    assert parse_traceparent({"traceparent": good}) == (TRACE_ID, int(CALLER_SPAN, 16), True, "")
+    assert parse_traceparent({"traceparent": good[:-1] + "2"}) == (TRACE_ID, int(CALLER_SPAN, 16), False, "")
+    assert parse_traceparent({"traceparent": f"01-{CALLER_TRACE}-{CALLER_SPAN}-01-later"}) is not None
+    for bad in (good.upper(), f"00-{'0' * 32}-{CALLER_SPAN}-01", f"00-{CALLER_TRACE}-{'0' * 16}-01",
+                f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01", good + "-extra", good[:-1], "", good + " " * 600):
+        assert parse_traceparent({"traceparent": bad}) is None, bad
+    state = parse_traceparent({"traceparent": good, "tracestate": "vendor=x , other@sys=y:z,"})
+    assert state is not None and state[3] == "vendor=x,other@sys=y:z"
+    for bad_state in ("Upper=x", "a=1,a=2", ",".join(f"k{i}=v" for i in range(33))):
+        found = parse_traceparent({"traceparent": good, "tracestate": bad_state})
+        assert found is not None and found[3] == "", bad_state
+
+
+async def test_traces_record_errors_and_send_the_right_traceparent() -> None:
+    from gateway.config.routes import TracingSettings
+    from gateway.context import RequestContext
+    from gateway.testing import gateway_config, tier
+    from gateway.tracing.otel import Tracing
+    from gateway.types import JsonReply
+
+    class AdmissionStage:
+        async def __call__(self, ctx: RequestContext) -> None:
+            ctx.queue_ms = 1.5
+
+    class ProxyStage:
+        async def __call__(self, ctx: RequestContext) -> JsonReply:
+            raise RuntimeError("backend gone")
+
+    exports: list[bytes] = []
+    config = gateway_config([tier("t", ["http://127.0.0.1:9/v1"])])
+    tracing = Tracing(TracingSettings(endpoint="http://127.0.0.1:9"), post=exports.append,
+                      environ={"OTEL_SERVICE_NAME": "svc", "OTEL_RESOURCE_ATTRIBUTES": "team=llm,service.name=no"})
+    try:
+        caller = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "v=1"}
+        ctx = RequestContext("r1", "chat", config, b"", None, 0.0, 0.0)
+        trace = tracing.start(caller, ctx)
+        assert trace.recording and trace.headers() == {"traceparent": f"00-{CALLER_TRACE}-{trace.span_id:016x}-01",
+                                                       "tracestate": "v=1"}
+        await trace.stage(AdmissionStage(), ctx)
+        with pytest.raises(RuntimeError):
+            await trace.stage(ProxyStage(), ctx)
+        upstream = trace.headers()["traceparent"]
+        ctx.status, ctx.outcome, ctx.error = 500, "internal_error", None
+        trace.finish(ctx)
+        trace.finish(ctx)  # once only
+        unsampled = tracing.start({"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"}, ctx)
+        assert not unsampled.recording
+        assert unsampled.headers() == {"traceparent": f"00-{CALLER_TRACE}-{unsampled.span_id:016x}-00"}
+        unsampled.finish(ctx)
+        assert tracing.force_flush(5)
+    finally:
+        tracing.shutdown()
+    resource, _, spans = _decoded(b"".join(exports))  # (one export: the flush came after both finished)
+    assert resource["service.name"] == "svc" and resource["team"] == "llm"
+    assert resource["telemetry.sdk.name"] == "gateway.tracing"
+    by_name = {span.name: span for span in spans}
+    assert set(by_name) == {"chat", "gateway.admission", "gateway.upstream"} and len(spans) == 3
+    root, failed = by_name["chat"], by_name["gateway.upstream"]
+    assert root.status.code == root.status.STATUS_CODE_ERROR and root.status.message == "internal_error"
+    assert failed.status.message == "RuntimeError: backend gone" and upstream.split("-")[2] == failed.span_id.hex()
+    assert attributes(by_name["gateway.admission"]) == {"gateway.queue_ms": 1.5}
+    assert attributes(failed) == {"gateway.attempts": 0} and all(s.trace_state == "v=1" for s in spans)
+    assert attributes(root)["http.response.status_code"] == 500 and root.flags & 0x200
+
+
+def test_a_full_queue_drops_and_counts_without_waiting_and_shutdown_flushes() -> None:
+    import threading
+    import time
+
+    from gateway.tracing.otlp import Encoder, ExportSettings, Exporter
+
+    entered, release, exports = threading.Event(), threading.Event(), []
+
+    def slow_collector(body: bytes) -> None:
+        entered.set()
+        release.wait(10)
+        exports.append(body)
+
+    span = (TRACE_ID, ROOT_ID, 0, 0x101, "", "chat", 2, 1, 2, (), (), None, None)
+    settings = ExportSettings(schedule_delay_s=0.01, max_queue_size=4, max_batch_size=2)
+    exporter = Exporter(settings, Encoder({"service.name": "svc"}, "gateway"), post=slow_collector)
+    exporter.submit([span, span])
+    assert entered.wait(5)  # the thread took the first batch and waits on the collector
+    began = time.perf_counter()
+    for _ in range(5):
+        exporter.submit([span, span])
+    assert time.perf_counter() - began < 0.05 and exporter.dropped == 6  # 4 queued, 6 turned away
+    release.set()
+    exporter.shutdown()
+    assert exporter.exported == 6 and sum(len(_decoded(body)[2]) for body in exports) == 6
+    exporter.submit([span])  # after shutdown: dropped, nothing raised
+    assert exporter.dropped == 7
+
+
+async def test_export_retries_and_reads_the_otlp_variables(start_app: StartApp) -> None:
+    from gateway.tracing.otlp import Encoder, ExportSettings, Exporter
+
+    got: list[tuple[int, dict[str, str], bytes]] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        got.append((len(got), dict(request.headers), await request.read()))
+        if len(got) == 1:
+            return web.Response(status=503, headers={"Retry-After": "0"})
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                            content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/custom/path", traces)
+    url = await start_app(app)
+    environ = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{url}/custom/path", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:1",
+               "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=s%20cret,bad", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
+               "OTEL_BSP_SCHEDULE_DELAY": "20", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"}
+    settings = ExportSettings.from_environ(environ)
+    assert settings.endpoint == f"{url}/custom/path" and settings.max_batch_size == settings.max_queue_size == 2048
+    exporter = Exporter(settings, Encoder({"service.name": "svc"}, "gateway"))
+    exporter.submit([(TRACE_ID, ROOT_ID, 0, 0x101, "", "chat", 2, 1, 2, ("k",), ("v",), None, None)])
+    await asyncio.to_thread(exporter.force_flush, 10)
+    await asyncio.to_thread(exporter.shutdown)
+    assert len(got) == 2 and exporter.exported == 1 and exporter.failed == 0
+    _, headers, body = got[1]
+    assert headers["x-api-key"] == "s cret" and headers["Content-Type"] == "application/x-protobuf"
+    assert headers["Content-Encoding"] == "gzip" and int(headers["Content-Length"]) != len(body)  # aiohttp inflates
+    assert _decoded(body)[2][0].name == "chat"
+    assert ExportSettings.from_environ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, None).endpoint \
+        == "http://c:4318/v1/traces"
+    assert ExportSettings.from_environ(environ, "http://routes:4318").endpoint == "http://routes:4318/v1/traces"
+    for broken in ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318"},  # no scheme
+                   {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://c:4318", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nope"}):
+        exporter = Exporter(ExportSettings.from_environ(broken), Encoder({}, "gateway"))  # runs, exports fail
+        exporter.submit([(TRACE_ID, ROOT_ID, 0, 0x101, "", "chat", 2, 1, 2, (), (), None, None)])
+        await asyncio.to_thread(exporter.shutdown)
+        assert exporter.failed == 1 and exporter.exported == 0

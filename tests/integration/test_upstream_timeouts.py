@@ -8,9 +8,8 @@ import orjson
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from gateway.testing import TEST_API_KEY, gateway_config, tier
+from gateway.testing import TEST_API_KEY, content, gateway_config, tier
 from tests.conftest import StartApp, StartGateway
-from tests.integration.test_forwarding import content
 
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

@@ -10,18 +10,13 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.classifier.calibrate import (
-    achieved_shares,
-    auc,
-    cut_points,
-    parse_targets,
-    printable,
-    run_calibrate,
-)
 from gateway.classifier.difficulty import file_sha256
 from gateway.classifier.encoder import default_model_path
-from gateway.classifier.head import FEATURES, build_head_onnx
+from gateway.classifier.head import FEATURES
 from gateway.config.policies import Routing
+from gateway.training.calibrate import achieved_shares, cut_points, parse_targets, printable, run_calibrate
+from gateway.training.fit import build_head_onnx
+from gateway.training.quality import auc
 
 
 @pytest.mark.parametrize("n", [1000, 997, 40])

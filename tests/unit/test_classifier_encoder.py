@@ -161,7 +161,7 @@ def test_default_model_path_names_variants_and_how_to_regenerate(monkeypatch: py
     with pytest.raises(ValueError, match="unknown encoder variant"):
         default_model_path("int3")
     monkeypatch.setattr(encoder_mod, "models_dir", lambda: Path("/nonexistent"))
-    with pytest.raises(FileNotFoundError, match="python -m gateway.classifier.export"):
+    with pytest.raises(FileNotFoundError, match="python -m gateway.training.export"):
         default_model_path("fp32")
 
 
@@ -201,7 +201,7 @@ def torch_reference(model: Any, tok: PromptTokenizer, graph: Graph) -> list[tupl
 
 
 def test_onnx_matches_torch(shipped: tuple[Graph, str, EncoderSession], torch_model: Any, tok: PromptTokenizer) -> None:
-    from gateway.classifier.export import MIN_COSINE
+    from gateway.training.export import MIN_COSINE
 
     graph, variant, session = shipped
     for texts, expected in torch_reference(torch_model, tok, graph):

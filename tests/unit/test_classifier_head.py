@@ -1,4 +1,4 @@
-"""The difficulty head: ONNX graph == numpy logistic, input checks, and the Newton fit."""
+"""The difficulty head: the built ONNX graph served == numpy logistic, input checks, and the Newton fit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.classifier.head import FEATURES, HeadSession, build_head_onnx, fit_head, log_chars
+from gateway.classifier.head import FEATURES, HeadSession, log_chars
+from gateway.training.fit import build_head_onnx, fit_head
 
 
 def numpy_head(w: np.ndarray, b: float, mean: np.ndarray, std: np.ndarray, emb: np.ndarray, lc: np.ndarray) -> np.ndarray:

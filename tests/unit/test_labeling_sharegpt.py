@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.classifier.sharegpt import (
+from gateway.training.sharegpt import (
     Conversation,
     first_exchange,
     first_exchanges,

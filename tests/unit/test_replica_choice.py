@@ -4,8 +4,8 @@ import time
 
 from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.stats import BackendLoad
+from gateway.config import Replica, Tier
 from gateway.config.routes import Balancing
-from gateway.context import RequestContext
 from gateway.testing import gateway_config, tier
 
 TIER = tier("t", ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1", "http://127.0.0.1:11/v1"])
@@ -13,17 +13,16 @@ STRICT = Balancing(near_tie=0.0)
 CONFIG = gateway_config([TIER])
 
 
-def context(tokens: int = 100) -> RequestContext:
-    ctx = RequestContext("r", "chat", CONFIG, b"", None, 0.0, 0.0)
-    ctx.tier, ctx.prompt_tokens_est = CONFIG.tiers["t"], tokens
-    return ctx
+def take(pool: ReplicaPool, replica: Replica, tokens: int = 100, of: Tier = CONFIG.tiers["t"]) -> Lease:
+    """A lease as the proxy takes it, for a prompt of `tokens` with nothing warm."""
+    return Lease(pool, replica, of, tokens, 0, CONFIG.routes.balancing)
 
 
 def test_the_replica_with_less_prefill_queued_ahead_is_predicted_faster() -> None:
     pool = ReplicaPool()
     t = CONFIG.tiers["t"]
     a, b, c = t.replicas
-    leases = [Lease(pool, a, context(4000)), Lease(pool, b, context(200))]
+    leases = [take(pool, a, 4000), take(pool, b, 200)]
     assert pool.rank(t, 100, STRICT) == (c, b, a)
     leases[0].first_byte()  # a's long prompt is prefilled: only its decode remains
     assert pool.predict(t, a, 100) < pool.predict(t, b, 100)
@@ -47,7 +46,7 @@ def test_near_ties_go_to_the_less_loaded_of_two_drawn() -> None:
     picks = []
     for _ in range(30):
         first = pool.rank(t, 100, Balancing(near_tie=0.1))[0]
-        Lease(pool, first, context()).release()
+        take(pool, first).release()
         picks.append(first.name)
     assert {picks.count(name) for name in set(picks)} <= set(range(7, 14))  # spread, none starved
     assert all(x != y for x, y in zip(picks, picks[1:]))  # never the one just picked
@@ -58,7 +57,7 @@ def test_open_circuits_and_failed_health_checks_leave_the_ranking() -> None:
     t = CONFIG.tiers["t"]
     a, b, c = t.replicas
     for _ in range(CONFIG.routes.balancing.breaker.failures):
-        Lease(pool, a, context()).release(failed=True)
+        take(pool, a).release(failed=True)
     pool.state(b).healthy = False
     assert pool.rank(t, 100, STRICT) == (c,)
     assert pool.state(a).failures == 5 and pool.state(a).breaker.retry_in() > 4.0
@@ -71,7 +70,7 @@ def test_ttft_is_fitted_as_overhead_plus_prefill_and_untried_replicas_borrow_the
     t = CONFIG.tiers["t"]
     a, b, _ = t.replicas
     for tokens in (100, 1100, 300, 2100, 600) * 4:  # observed: 50 ms + 0.5 ms per token
-        lease = Lease(pool, a, context(tokens))
+        lease = take(pool, a, tokens)
         lease.first_byte(lease._sent_at + 0.05 + 0.0005 * tokens)
         lease.release()
     assert abs(pool.state(a).overhead_s - 0.05) < 1e-6  # type: ignore[operator]
@@ -82,11 +81,11 @@ def test_ttft_is_fitted_as_overhead_plus_prefill_and_untried_replicas_borrow_the
 def test_round_robin_rotates_whatever_the_load() -> None:
     four = tier("r", [f"http://127.0.0.1:{port}/v1" for port in range(20, 24)])
     pool = ReplicaPool()
-    Lease(pool, four.replicas[0], context(8000))  # heavily loaded, and still taken in turn
+    take(pool, four.replicas[0], 8000, four)  # heavily loaded, and still taken in turn
     firsts = []
     for _ in range(8):
         first = pool.rank(four, 100, Balancing(strategy="round_robin"))[0]
-        Lease(pool, first, context()).release()  # a lease between picks must not skip a replica
+        take(pool, first, of=four).release()  # a lease between picks must not skip a replica
         firsts.append(first.name)
     assert firsts == ["r-0", "r-1", "r-2", "r-3"] * 2
 
@@ -97,11 +96,11 @@ def test_requests_beyond_the_batch_slots_predict_a_queue() -> None:
     a = four_slots.replicas[0]
     state = pool.state(a, four_slots)
     state.e2e_s = 2.0
-    leases = [Lease(pool, a, context(10)) for _ in range(3)]
+    leases = [take(pool, a, 10, four_slots) for _ in range(3)]
     for lease in leases:
         lease.first_byte()
     idle = pool.predict(four_slots, a, 10)
-    Lease(pool, a, context(10)).first_byte()  # the 4th fills the slots: a 5th would wait
+    take(pool, a, 10, four_slots).first_byte()  # the 4th fills the slots: a 5th would wait
     assert idle < 0.1 and pool.predict(four_slots, a, 10) >= 0.5  # one slot frees every 2 s / 4
     assert pool.rank(four_slots, 10, STRICT)[-1] == a
     assert pool.capacity(four_slots) == 12
@@ -130,3 +129,14 @@ def test_the_tier_capacity_is_known_once_every_replica_has_slots() -> None:
     t = CONFIG.tiers["t"]
     assert pool.capacity(t) is None
     assert pool.capacity(t.model_copy(update={"slots_per_replica": 8})) == 24
+
+
+def test_a_reload_gives_known_replicas_the_new_tier_settings_and_keeps_what_they_learned() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    a = t.replicas[0]
+    pool.state(a, t).e2e_s = 2.0
+    assert pool.state(a).slots is None
+    reloaded = gateway_config([t.model_copy(update={"slots_per_replica": 4, "prefill_tokens_per_s": 1234.0})])
+    pool.configure(reloaded.routes)
+    assert (pool.state(a).slots, pool.state(a).prefill_tps, pool.state(a).e2e_s) == (4, 1234.0, 2.0)

@@ -1,4 +1,4 @@
-"""gateway.classifier.rubric: levels to labels, the annotation view, merge, and agreement statistics."""
+"""gateway.training.rubric: levels to labels, the annotation view, merge, and agreement statistics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.classifier.rubric import agreement, check, level_label, merge, read_levels, view, weighted_kappa
+from gateway.training.rubric import agreement, check, level_label, merge, read_levels, view, weighted_kappa
 
 
 def test_levels_map_onto_the_unit_interval_with_hard_at_three_quarters() -> None:

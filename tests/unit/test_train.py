@@ -12,7 +12,7 @@ import pytest
 
 from gateway.classifier.encoder import DIFFICULTY, EncoderSession, default_model_path
 from gateway.classifier.head import HeadSession, log_chars
-from gateway.classifier.train import L2_GRID, fit_target, hash_split, load_labeled, platt, row_label, run_train
+from gateway.training.train import L2_GRID, fit_target, hash_split, load_labeled, platt, row_label, run_train
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:

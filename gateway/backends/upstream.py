@@ -1,0 +1,103 @@
+"""One HTTP attempt at a replica, whatever it serves: the POST with the replica's own key, its answer read
+in full, and the failures sorted into those worth another replica (`Retry`) and those that are final.
+
+    response = await post(session, replica, "/embeddings", body, timeout_of(settings))  # a 200, or raises
+    data = await read_answer(response, replica)
+
+Connection errors, timeouts and 408/429/5xx raise `Retry` (the replica's fault: try the next one);
+another 4xx raises `UpstreamStatus` with the backend's message (the request's fault: no replica would
+take it). Only the replica's key from config goes upstream, never a client header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import aiohttp
+import orjson
+
+from gateway.config import Replica
+from gateway.config.routes import Upstream
+from gateway.errors import GatewayError, UpstreamError, UpstreamOverloaded, UpstreamStatus, UpstreamTimeout
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+JSON_HEADERS = {"Content-Type": "application/json"}
+MAX_ERROR_BODY = 64 * 1024
+
+
+class Retry(Exception):
+    """This replica failed before answering; try the next one."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def timeout_of(settings: Upstream) -> aiohttp.ClientTimeout:
+    """Connect within `connect_timeout_s`; each read (the head, then every gap) within `read_timeout_s`."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s,
+                                 sock_read=settings.read_timeout_s)
+
+
+async def post(session: aiohttp.ClientSession, replica: Replica, path: str, body: bytes,
+               timeout: aiohttp.ClientTimeout, headers: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
+    """POST `body` (JSON) to `replica.url + path`, with the replica's own key and `headers` (trace context);
+    the response when it is a 200, else raises `Retry` or the final error."""
+    sent = JSON_HEADERS if replica.api_key is None else {**JSON_HEADERS, "Authorization": f"Bearer {replica.api_key}"}
+    if headers:
+        sent = {**sent, **headers}
+    try:
+        response = await session.post(replica.url + path, data=body, headers=sent, timeout=timeout)
+    except aiohttp.ConnectionTimeoutError:
+        raise Retry(UpstreamTimeout(f"backend {replica.name} did not connect in time")) from None
+    except TimeoutError:  # connected, but no response head within read_timeout_s (a stuck or busy backend)
+        raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
+    except aiohttp.ClientError as err:
+        raise Retry(UpstreamError(f"backend {replica.name} is unreachable: {type(err).__name__}")) from None
+    if response.status == 200:
+        return response
+    error = await status_error(response, replica)
+    raise Retry(error) if response.status in RETRYABLE_STATUS else error
+
+
+async def read_answer(response: aiohttp.ClientResponse, replica: Replica) -> bytes:
+    """The whole body of a non-streamed answer (`Retry` when it breaks off or stalls)."""
+    try:
+        return await response.read()
+    except TimeoutError:
+        raise Retry(UpstreamTimeout(f"backend {replica.name} did not answer in time")) from None
+    except aiohttp.ClientError as err:
+        raise Retry(UpstreamError(f"backend {replica.name} broke off its answer: {type(err).__name__}")) from None
+
+
+async def status_error(response: aiohttp.ClientResponse, replica: Replica) -> GatewayError:
+    """Turn an upstream non-200 into our error, keeping the upstream's message for 4xx."""
+    try:
+        raw = await response.content.read(MAX_ERROR_BODY)
+    except (aiohttp.ClientError, TimeoutError):
+        raw = b""
+    finally:
+        response.release()
+    message = _message_of(raw)
+    retry_after = response.headers.get("Retry-After")
+    delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
+    if response.status == 429:
+        return UpstreamOverloaded(f"backend {replica.name} is rate limiting (429): {message}", retry_after=delay)
+    if response.status >= 500 or response.status in RETRYABLE_STATUS:
+        return UpstreamError(f"backend {replica.name} answered {response.status}: {message}", retry_after=delay)
+    return UpstreamStatus(response.status, f"the backend refused the request: {message}", retry_after=delay)
+
+
+def _message_of(raw: bytes) -> str:
+    """The error message of an upstream body: OpenAI's {"error": {"message"}}, TEI's {"error": "..."},
+    older vLLM's {"message"}; else the body's first 500 characters."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        message = error.get("message") if isinstance(error, dict) else error if error else data.get("message")
+        if isinstance(message, str):
+            return message
+    return raw.decode("utf-8", "replace")[:500]

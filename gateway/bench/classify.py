@@ -1,0 +1,187 @@
+"""The cost of difficulty classification in the gateway (bench/classify_throughput.py): throughput,
+added latency and gateway CPU with classification off, on for new prompts (cold) and on for prompts
+seen before (warm). See the script for the setup."""
+
+from __future__ import annotations
+
+import contextlib
+import collections
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+import redis
+import uvloop
+
+from gateway.bench.client import send_json
+from gateway.bench.configs import policy_yaml, routes_yaml
+from gateway.bench.cpu import Log, OtherWork
+from gateway.bench.phases import Budget, Phase, json_phase, json_session, merge_phases, phase_summary
+from gateway.bench.procs import RunStart, workdir
+from gateway.bench.readers import commandstats, diff_counts, log_events, redis_ops
+from gateway.bench.stack import start_stack
+from gateway.bench.summary import percentile
+from gateway.bench.workload import sharegpt_prompts
+from gateway.local.redis_server import EmbeddedRedis
+
+PLAIN_KEY = "sk-demo"
+ROUTED_KEY = "sk-bench-routed"
+TIERS = ("small-int4", "medium-int8", "large-fp16")
+BANDS = [{"below": 0.6, "tier": "small-int4"}, {"below": 0.85, "tier": "medium-int8"}, {"tier": "large-fp16"}]
+
+
+@dataclass(frozen=True)
+class Settings:
+    concurrency: int
+    per_round: int  # distinct prompts per round (OFF, cold and warm each send all of them)
+    rounds: int
+    warmup: int  # requests per tenant before measuring (their own prompts)
+    c1_requests: int  # prompts for the concurrency-1 points
+    max_chars: int  # longest ShareGPT prompt used
+    phase_limit_s: float
+    budget_s: float
+
+
+FULL = Settings(concurrency=16, per_round=400, rounds=2, warmup=48, c1_requests=150, max_chars=8000,
+                phase_limit_s=40.0, budget_s=170.0)
+QUICK = Settings(concurrency=16, per_round=150, rounds=2, warmup=32, c1_requests=60, max_chars=8000,
+                 phase_limit_s=20.0, budget_s=90.0)
+
+
+def chat(prompt: str) -> bytes:
+    return orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1})
+
+
+class Bench:
+    def __init__(self, s: Settings, session: aiohttp.ClientSession, gw_port: int, gw_pid: int, redis: Any,
+                 log: Log) -> None:
+        self.s, self.session, self.log, self.redis = s, session, log, redis
+        self.gw_port, self.gw_pid = gw_port, gw_pid
+        self.url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
+        self.keys = {"OFF": PLAIN_KEY, "ON cold": ROUTED_KEY, "ON warm": ROUTED_KEY}
+        self.budget = Budget(s.budget_s, s.phase_limit_s)
+
+    def headers(self, mode: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[mode]}", "Content-Type": "application/json"}
+
+    async def phase(self, mode: str, prompts: list[str], c: int) -> Phase:
+        limit = self.budget.limit()
+        before = commandstats(self.redis) if self.redis is not None else {}
+        ops0 = redis_ops(self.gw_port)
+        ph = await json_phase(self.session, self.url, self.headers(mode), [chat(p) for p in prompts], c, limit,
+                              mode, self.gw_pid)
+        ops = redis_ops(self.gw_port).minus(ops0)
+        ph.extra["redis_calls"], ph.extra["redis_failed"] = ops.calls(), ops.failed
+        if self.redis is not None:
+            cmds = diff_counts(commandstats(self.redis), before)
+            cmds.pop("info", None)
+            ph.extra["redis_commands"] = cmds
+        return ph
+
+    async def run(self, rounds: list[list[str]], c1: list[str], warm: list[str]) -> dict[str, Any]:
+        s = self.s
+        half = len(warm) // 2
+        await self.phase("OFF", warm[:half], s.concurrency)  # warm-up: connections, ONNX session, code paths
+        await self.phase("ON cold", warm[half:], s.concurrency)
+        await self.phase("ON warm", warm[half:], s.concurrency)
+        phases: dict[tuple[str, int], list[Phase]] = collections.defaultdict(list)
+        self.log(f"concurrency {s.concurrency}, {len(rounds)} rounds of {len(rounds[0])} prompts:")
+        for r, prompts in enumerate(rounds, 1):
+            for mode in ("OFF", "ON cold", "ON warm"):
+                if self.budget.spent(f"round {r} {mode}"):
+                    continue
+                ph = await self.phase(mode, prompts, s.concurrency)
+                phases[(mode, s.concurrency)].append(ph)
+                sm = phase_summary(ph)
+                self.log(f"  round {r} {mode:8s}: {sm['rps']:6.0f} req/s  p50 {sm['p50_ms']:7.2f} ms  "
+                         f"p99 {sm['p99_ms']:7.2f} ms  gateway CPU {sm.get('gateway_cpu_us_per_req', 0):.0f} us/req"
+                         f"{'  TRUNCATED' if ph.truncated else ''}"
+                         f"{'  errors ' + str(sm['errors']) if sm['errors'] else ''}")
+        self.log("concurrency 1:")
+        for mode in ("OFF", "ON cold", "ON warm"):
+            if self.budget.spent(f"c=1 {mode}"):
+                continue
+            ph = await self.phase(mode, c1, 1)
+            phases[(mode, 1)].append(ph)
+            sm = phase_summary(ph)
+            self.log(f"  {mode:8s}: p50 {sm['p50_ms']:7.2f} ms  p99 {sm['p99_ms']:7.2f} ms")
+        return {"rows": [row_of(mode, c, parts) for (mode, c), parts in phases.items()], "skipped": self.budget.skipped}
+
+
+def row_of(mode: str, c: int, parts: list[Phase]) -> dict[str, Any]:
+    merged = merge_phases(parts)
+    row = phase_summary(merged)
+    row["mode"] = mode
+    row["rounds"] = [{k: v for k, v in phase_summary(p).items() if k in ("rps", "p50_ms", "p99_ms", "n")} for p in parts]
+    row["tiers"] = dict(collections.Counter(str(x.tier) for x in merged.samples))
+    diffs = [x.difficulty for x in merged.samples if x.difficulty is not None]
+    row["classified"] = len(diffs)
+    row["difficulty_p10_p50_p90"] = [round(percentile(diffs, q), 3) for q in (10, 50, 90)] if diffs else None
+    cmds: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+    failed: collections.Counter[str] = collections.Counter()
+    for p in parts:
+        cmds.update(p.extra.get("redis_commands", {}))
+        calls.update(p.extra.get("redis_calls", {}))
+        failed.update(p.extra.get("redis_failed", {}))
+    row["redis_commands"], row["redis_calls"], row["redis_failed"] = dict(cmds), dict(calls), dict(failed)
+    return row
+
+
+async def run_all(s: Settings, gw_port: int, gw_pid: int, redis: Any, pids: list[int], log: Log) -> dict[str, Any]:
+    need = s.rounds * s.per_round + s.c1_requests + 2 * s.warmup
+    pool = sharegpt_prompts(need, distinct=True, max_chars=s.max_chars)
+    if len(pool) < need:
+        raise RuntimeError(f"only {len(pool)} distinct ShareGPT prompts, need {need}")
+    warm, rest = pool[: 2 * s.warmup], pool[2 * s.warmup:]
+    rounds = [rest[i * s.per_round:(i + 1) * s.per_round] for i in range(s.rounds)]
+    c1 = rest[s.rounds * s.per_round:][: s.c1_requests]
+    chars = [len(p) for p in pool]
+    log(f"{len(pool)} distinct ShareGPT first-turn prompts (<= {s.max_chars} chars): mean {np.mean(chars):.0f} "
+        f"chars, p50 {percentile(chars, 50):.0f}, p90 {percentile(chars, 90):.0f}")
+    async with json_session() as session:
+        b = Bench(s, session, gw_port, gw_pid, redis, log)
+        smoke = await send_json(session, b.url, chat("smoke test: how are you?"), b.headers("ON cold"))
+        if not smoke.ok or smoke.difficulty is None:
+            raise RuntimeError(f"smoke test failed (no x-gateway-difficulty on an ON request): {smoke}")
+        log(f"smoke test ok: difficulty {smoke.difficulty:.3f} -> tier {smoke.tier}")
+        other = OtherWork(pids)
+        with other.phase("measurement", log):
+            out = await b.run(rounds, c1, warm)
+    return {"throughput": out, "other_work": other.phases,
+            "prompt_chars": {"mean": float(np.mean(chars)), "p50": percentile(chars, 50),
+                             "p90": percentile(chars, 90)}}
+
+
+def run(s: Settings, clf: Path, use_redis: bool, start: RunStart, log: Log) -> dict[str, Any]:
+    """Redis (unless not `use_redis`), the emulator and the gateway with classifier `clf`; the
+    measurements; stops them all."""
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(EmbeddedRedis()) if use_redis else None
+        tmp = stack.enter_context(workdir(start.procs, "bench-classify-"))
+        client = redis.Redis.from_url(server.url) if server is not None else None
+        if client is not None:
+            stack.callback(client.close)
+        policy = policy_yaml(TIERS[0], [
+            {"name": "plain", "key": PLAIN_KEY},
+            {"name": "routed", "key": ROUTED_KEY, "routing": {"classifier": str(clf), "bands": BANDS}},
+        ], max_tokens=1)
+        gw = start_stack(start.procs, tmp, lambda urls: routes_yaml({t: [(f"{t}-a", urls[0])] for t in TIERS}),
+                         policy, redis_url=server.url if server else None, gw_cpu=start.gw_cpu, gateway_timeout_s=90)
+        gw_affinity = sorted(os.sched_getaffinity(gw.gateway_pid))
+        startup = (tmp / "gateway.out").read_text(errors="replace")
+        provider = next((ln for ln in startup.splitlines() if ln.startswith("classifier ")), "?")
+        log(f"gateway pid {gw.gateway_pid} on CPUs {gw_affinity}; {provider}")
+        pids = [os.getpid(), *gw.emulator_pids, gw.gateway_pid]
+        if server is not None and server.process is not None:
+            pids.append(server.process.pid)
+        result = uvloop.run(run_all(s, gw.gateway_port, gw.gateway_pid, client, pids, log))
+        start.procs.check_alive()
+        result["gateway_log"] = log_events(gw.request_log)
+        result["gateway_cpus"] = gw_affinity
+        result["classifier_line"] = provider
+    return result

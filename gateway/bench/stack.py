@@ -1,0 +1,56 @@
+"""A gateway in front of emulators, started for a benchmark: config files, processes, readiness.
+
+    stack = start_stack(procs, tmp, lambda urls: routes_yaml({"t": [("t-a", urls[0])]}), policy_text)
+
+Emulators `emulator-I` (profile `profile`, seeds seed, seed + 1, ...) on this process's CPUs, the
+gateway (`gateway serve`, taskset to `gw_cpu`) on routes and policy files in `tmp`/config (the
+folder the gateway watches for hot reload: the busy request log lives beside it, not in it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.bench.procs import Procs, emulator_argv, free_port, gateway_argv, wait_gateway, wait_http
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    emulator_ports: list[int]
+    emulator_pids: list[int]
+    gateway_port: int
+    gateway_pid: int
+    request_log: Path
+
+    @property
+    def emulator_urls(self) -> list[str]:
+        """Each emulator's base URL (…/v1)."""
+        return [f"http://127.0.0.1:{port}/v1" for port in self.emulator_ports]
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway's base URL (…/v1)."""
+        return f"http://127.0.0.1:{self.gateway_port}/v1"
+
+
+def start_stack(procs: Procs, tmp: Path, routes: Callable[[Sequence[str]], str], policy: str, *, emulators: int = 1,
+                profile: str = "instant", seed: int = 1, redis_url: str | None = None, gw_cpu: int | None = None,
+                gateway_timeout_s: float = 60) -> Stack:
+    """Start `emulators` emulators and a gateway on `routes(emulator base URLs)` and `policy`; wait until
+    all of them answer."""
+    ports = [free_port() for _ in range(emulators)]
+    emus = [procs.start(f"emulator-{i}", emulator_argv(port, profile, seed + i), None, tmp / f"emulator-{i}.out")
+            for i, port in enumerate(ports)]
+    config = tmp / "config"
+    config.mkdir(exist_ok=True)
+    (config / "routes.yaml").write_text(routes([f"http://127.0.0.1:{port}/v1" for port in ports]))
+    (config / "policy.yaml").write_text(policy)
+    gw_port, log = free_port(), tmp / "requests.log"
+    gw = procs.start("gateway", gateway_argv(config / "routes.yaml", config / "policy.yaml", gw_port, log, redis_url,
+                                             gw_cpu), None, tmp / "gateway.out")
+    for i, (port, proc) in enumerate(zip(ports, emus)):
+        wait_http(f"http://127.0.0.1:{port}/health", proc, f"emulator-{i}")
+    wait_gateway(gw_port, gw, gateway_timeout_s)
+    return Stack(ports, [e.pid for e in emus], gw_port, gw.pid, log)

@@ -1,0 +1,101 @@
+"""Sticky assignment of a request to an experiment's arm, and the arm's effective TenantPolicy.
+
+The key is the request's `user` field when it has one, else its conversation: the system prompt and
+the first user message (their first KEY_CHARS characters each), so every turn of a conversation
+lands in the same arm. The key is hashed once (blake2b, 64 bits); per experiment, the splitmix64
+finalizer of (key hash XOR a 64-bit salt derived from the experiment's name) maps it to a position in
+[0, 1), so experiments split independently of each other at one integer mix each (a keyed blake2b per
+experiment costs ~1.5 µs more). The arms own consecutive slices of [0, 1) in file order (cumulative
+shares). A reload that keeps an experiment's name, arm order and shares keeps every assignment; raising
+the last arm's share moves into it only requests from the slice after it (outside the experiment, or
+the implicit control). Experiments are independent
+(each its own hash) and exclusive: a request joins the first experiment, in file order, whose arms
+cover its position, so a later experiment's arms stay comparable with each other.
+
+Everything per arm is compiled when the policy loads (`compile_plan` and `apply_arm`, in `config.tenants`
+beside TenantPolicy, re-exported here): the request path pays for the key's hash, one integer mix per
+experiment and a bisect (bench/experiments_assign.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from hashlib import blake2b
+from typing import Any
+
+from gateway.config.tenants import Assignment, ExperimentPlan, TenantPolicy, apply_arm, compile_plan, salt_of
+
+__all__ = ["Assignment", "ExperimentPlan", "apply_arm", "assign", "compile_plan", "position", "salt_of", "sticky_key"]
+
+KEY_CHARS = 1024  # of the system prompt and of the first user message: the conversation's identity
+_SCALE = 1.0 / 2**64
+_MASK = 2**64 - 1
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def assign(policy: TenantPolicy, body: Mapping[str, Any]) -> Assignment | None:
+    """The request's arm, or None: the tenant runs no experiment, the request falls outside every arm,
+    or it carries neither a `user` nor any prompt text to be sticky on."""
+    plan = policy.plan
+    if plan is None:
+        return None
+    key = sticky_key(body)
+    if key is None:
+        return None
+    for experiment in plan.experiments:
+        at = position(experiment.salt, key)
+        index = bisect.bisect_right(experiment.cuts, at)
+        if index < len(experiment.arms):
+            return experiment.arms[index]
+    return None
+
+
+def position(salt: int, key: int) -> float:
+    """The key's place in [0, 1) for the experiment salted by `salt` (splitmix64's finalizer)."""
+    x = key ^ salt
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return (x ^ (x >> 31)) * _SCALE
+
+
+def sticky_key(body: Mapping[str, Any]) -> int | None:
+    """A 64-bit hash of the `user` field, else of the conversation's start; None without either."""
+    user = body.get("user")
+    if type(user) is str and user:
+        data = b"u" + user[:KEY_CHARS].encode("utf-8", "surrogatepass")
+    else:
+        system, first = _conversation(body)
+        if not system and not first:
+            return None
+        data = b"c" + f"{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+
+
+def _conversation(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(system prompt, first user message) of a chat body; ("", prompt) for a completion or embedding."""
+    messages = body.get("messages")
+    if type(messages) is not list:
+        prompt = body.get("prompt", body.get("input"))
+        if type(prompt) is list:
+            prompt = prompt[0] if prompt else ""
+        return "", prompt if type(prompt) is str else ""
+    system = first = ""
+    for message in messages:
+        if type(message) is not dict:
+            continue
+        role = message.get("role")
+        if role in _SYSTEM_ROLES and not system:
+            system = _text(message.get("content"))
+        elif role == "user":
+            first = _text(message.get("content"))
+            break
+    return system, first
+
+
+def _text(content: Any) -> str:
+    if type(content) is str:
+        return content
+    if type(content) is list:
+        return "\n".join(p["text"] for p in content if type(p) is dict and type(p.get("text")) is str)
+    return ""

@@ -1,0 +1,274 @@
+"""`POST /v1/feedback` without the web framework: parse, tenant-check, store and log a score.
+
+    owners = RequestOwners(guard)                 # app start; `await owners.aclose()` at shutdown
+    owners.record(ctx.request_id, RequestOwner(tenant, experiment, arm, tier))   # a request finished
+    reply = await submit_feedback(raw_body, tenant_name, owners, FeedbackStore(guard))   # the endpoint
+
+The body is `{"request_id": "<x-request-id of the answer>", "score": 0.0..1.0}` or `{"request_id": ...,
+"thumbs": "up" | "down"}` (up = 1, down = 0), with an optional `comment` (at most MAX_COMMENT characters).
+The request id must belong to the caller's tenant: the map request id -> owner is written when a
+request finishes (in process at once, in Redis in batches, `ttl_s` long). An unknown id, an expired
+one and another tenant's one get the same 404, so a tenant cannot probe for others' request ids.
+When the id is in neither this process nor Redis because Redis is down, the answer is 503 (retry).
+Errors are GatewayErrors: the edge renders them as the OpenAI error JSON (`gateway.errors.error_body`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import structlog
+
+from gateway.cache.guard import RedisGuard
+from gateway.errors import InvalidRequest, NotFound, Overloaded
+
+log = structlog.get_logger("gateway.requests")
+
+THUMBS = {"up": 1.0, "down": 0.0}
+MAX_COMMENT = 2000
+FIELDS = ("request_id", "score", "thumbs", "comment")
+REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+OWNER_PREFIX = "reqowner:"
+FEEDBACK_PREFIX = "feedback:"
+WRITE_TIMEOUT_S = 1.0  # batched background writes and the feedback endpoint: not the request path's 5 ms budget
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOwner:
+    """Who a request belonged to, and the arm it was served by."""
+
+    tenant: str
+    experiment: str | None = None
+    arm: str | None = None
+    tier: str | None = None
+
+    def encode(self) -> bytes:
+        return orjson.dumps([self.tenant, self.experiment, self.arm, self.tier])
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> RequestOwner | None:
+        try:
+            tenant, experiment, arm, tier = orjson.loads(raw)
+        except (orjson.JSONDecodeError, TypeError, ValueError):
+            return None
+        return cls(tenant, experiment, arm, tier) if isinstance(tenant, str) else None
+
+
+class RequestOwners:
+    """request id -> RequestOwner for `ttl_s`: in this process (an LRU of `local_entries`) and in Redis
+    (shared by the gateway's replicas; written in pipelined batches every `batch_every_s`). Redis holds
+    ~150 bytes per request (measured: 100 req/s for the default hour is ~55 MB), so `ttl_s` is the window
+    in which an application may send feedback."""
+
+    def __init__(self, guard: RedisGuard | None, *, ttl_s: int = 3600, local_entries: int = 100_000,
+                 batch_every_s: float = 0.05, max_batch: int = 256, clock: Callable[[], float] = time.monotonic,
+                 ) -> None:
+        self.guard = guard
+        self.ttl_s = ttl_s
+        self.local_entries = local_entries
+        self.batch_every_s = batch_every_s
+        self.max_batch = max_batch
+        self._clock = clock
+        self._local: OrderedDict[str, tuple[RequestOwner, float]] = OrderedDict()
+        self._pending: list[tuple[str, bytes]] = []
+        self._flush_scheduled = False
+        self._flush_started = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.flushes = 0  # pipelines sent
+        self.written = 0  # owners written to Redis
+        self.write_failures = 0  # batches Redis did not take (the owners stay in this process only)
+
+    def record(self, request_id: str, owner: RequestOwner) -> None:
+        """Remember the owner (never blocks, never raises: a request finisher)."""
+        self._local[request_id] = (owner, self._clock() + self.ttl_s)
+        self._local.move_to_end(request_id)
+        while len(self._local) > self.local_entries:
+            self._local.popitem(last=False)
+        if self.guard is None:
+            return
+        self._pending.append((request_id, owner.encode()))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a script): `flush()` writes them
+            return
+        if len(self._pending) >= self.max_batch and not self._flush_started:
+            self._spawn(loop)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_later(self.batch_every_s, self._timer, loop)
+
+    def _timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._flush_scheduled = False
+        if self._pending and not self._flush_started:
+            self._spawn(loop)
+
+    def _spawn(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._flush_started = True  # until that flush takes the batch: one flush for all that is pending
+        task = loop.create_task(self.flush())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def flush(self) -> None:
+        """Write the owners recorded since the last flush to Redis in one pipeline."""
+        batch, self._pending, self._flush_started = self._pending, [], False
+        self.flushes += bool(batch)
+        if not batch or self.guard is None:
+            return
+        client, ttl_s = self.guard.client, self.ttl_s
+
+        async def write() -> bool:
+            pipe = client.pipeline(transaction=False)
+            for request_id, value in batch:
+                pipe.set(OWNER_PREFIX + request_id, value, ex=ttl_s)
+            await pipe.execute()
+            return True
+
+        if await self.guard.run("feedback_owner_set", write, WRITE_TIMEOUT_S):
+            self.written += len(batch)
+        else:
+            self.write_failures += 1
+
+    async def lookup(self, request_id: str) -> RequestOwner | None:
+        """The owner, or None when the id is unknown or expired; raises Overloaded when only Redis could tell
+        and Redis is unavailable."""
+        local = self._local.get(request_id)
+        if local is not None:
+            owner, expires = local
+            if self._clock() < expires:
+                return owner
+            del self._local[request_id]
+        if self.guard is None:
+            return None
+        client = self.guard.client
+
+        async def read() -> tuple[bytes | str | None]:
+            return (await client.get(OWNER_PREFIX + request_id),)
+
+        found = await self.guard.run("feedback_owner_get", read, WRITE_TIMEOUT_S)
+        if found is None:
+            raise Overloaded("feedback cannot be checked right now (request store unavailable); retry",
+                             code="feedback_store_unavailable", retry_after=1)
+        return None if found[0] is None else RequestOwner.decode(found[0])
+
+    async def aclose(self) -> None:
+        """Write what is pending (at shutdown)."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """One accepted feedback, as stored and logged."""
+
+    ts: str
+    request_id: str
+    owner: RequestOwner
+    score: float
+    source: str  # "score" | "thumbs"
+    comment: str | None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The `feedback` log line (the comment stays out of the log: it may be long or personal)."""
+        return {"ts": self.ts, "request_id": self.request_id, "tenant": self.owner.tenant,
+                "experiment": self.owner.experiment, "arm": self.owner.arm, "tier": self.owner.tier,
+                "score": self.score, "source": self.source, "comment": self.comment is not None}
+
+    def stored(self) -> dict[str, Any]:
+        return {**self.log_fields(), "comment": self.comment}
+
+
+class FeedbackStore:
+    """Accepted feedback in a bounded Redis stream per tenant (`feedback:<tenant>`, exactly max_entries)."""
+
+    def __init__(self, guard: RedisGuard, max_entries: int = 100_000) -> None:
+        self.guard = guard
+        self.max_entries = max_entries
+
+    async def add(self, feedback: Feedback) -> bool:
+        client = self.guard.client
+        fields: dict[Any, Any] = {"json": orjson.dumps(feedback.stored())}
+
+        async def write() -> bool:
+            await client.xadd(FEEDBACK_PREFIX + feedback.owner.tenant, fields, maxlen=self.max_entries,
+                              approximate=False)
+            return True
+
+        return bool(await self.guard.run("feedback_add", write, WRITE_TIMEOUT_S))
+
+    async def recent(self, tenant: str, count: int = 100) -> list[dict[str, Any]]:
+        """The tenant's latest feedback, newest first ([] when Redis is unavailable)."""
+        client = self.guard.client
+
+        async def read() -> list[Any]:
+            return list(await client.xrevrange(FEEDBACK_PREFIX + tenant, count=count) or [])
+
+        entries = await self.guard.run("feedback_recent", read, WRITE_TIMEOUT_S) or []
+        return [orjson.loads(fields[b"json"]) for _, fields in entries]
+
+
+def parse_feedback(body: bytes | Mapping[str, Any]) -> tuple[str, float, str, str | None]:
+    """(request_id, score in [0, 1], source, comment); InvalidRequest naming the field otherwise."""
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError as err:
+            raise InvalidRequest(f"the body is not valid JSON: {err}", code="invalid_json") from None
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("the body must be a JSON object", code="invalid_body")
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]!r}: feedback takes {', '.join(FIELDS)}", param=unknown[0])
+    request_id = body.get("request_id")
+    if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
+        raise InvalidRequest("'request_id' must be the x-request-id of an answer (1-128 characters: letters, "
+                             "digits, _ . : -)", param="request_id")
+    score, thumbs = body.get("score"), body.get("thumbs")
+    if (score is None) == (thumbs is None):
+        raise InvalidRequest("give one of 'score' (a number in [0, 1]) and 'thumbs' ('up' or 'down')",
+                             param="score")
+    if thumbs is not None:
+        if thumbs not in THUMBS:
+            raise InvalidRequest(f"'thumbs' must be 'up' or 'down', got {thumbs!r}", param="thumbs")
+        value, source = THUMBS[thumbs], "thumbs"
+    else:
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:
+            raise InvalidRequest(f"'score' must be a number in [0, 1], got {score!r}", param="score")
+        value, source = float(score), "score"
+    comment = body.get("comment")
+    if comment is not None and (not isinstance(comment, str) or len(comment) > MAX_COMMENT):
+        raise InvalidRequest(f"'comment' must be a string of at most {MAX_COMMENT} characters", param="comment")
+    assert math.isfinite(value)
+    return request_id, value, source, comment
+
+
+async def submit_feedback(
+    body: bytes | Mapping[str, Any], tenant: str, owners: RequestOwners, store: FeedbackStore | None = None,
+    *, now: Callable[[], float] = time.time,
+) -> dict[str, Any]:
+    """The endpoint's core: the JSON reply for an accepted feedback; raises InvalidRequest (400), NotFound (404:
+    unknown, expired or another tenant's request id) or Overloaded (503: the owner store is unavailable)."""
+    request_id, score, source, comment = parse_feedback(body)
+    owner = await owners.lookup(request_id)
+    if owner is None or owner.tenant != tenant:
+        log.info("feedback_refused", request_id=request_id, tenant=tenant,
+                 reason="unknown" if owner is None else "other_tenant")
+        hours = owners.ttl_s / 3600
+        raise NotFound(f"no request {request_id!r} for this API key (unknown, older than {hours:g} h, "
+                       "or not this tenant's)", param="request_id", code="request_not_found")
+    created = now()
+    feedback = Feedback(datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"), request_id, owner,
+                        score, source, comment)
+    log.info("feedback", **feedback.log_fields())
+    if store is not None:
+        await store.add(feedback)
+    return {"object": "feedback", "request_id": request_id, "score": score, "created": int(created),
+            "experiment": owner.experiment, "arm": owner.arm}

@@ -1,0 +1,281 @@
+"""`gateway experiments report LOG...`: each experiment's arms side by side, with bootstrap intervals.
+
+Reads the request log (plain or gzip'd, in the order given) and uses three kinds of line:
+
+    request   experiment, arm, arm_control, request_id, status, ttft_ms, tpot_ms, e2e_ms, cost_usd,
+              ttft_slo_ms (optional: the tenant's SLO; --slo-ms overrides it)
+    feedback  request_id, score, experiment, arm (joined to the request line by request_id when absent)
+    shadow    request_id, agreement, judge_score, experiment, arm (joined the same way)
+
+Per arm: request count and share; TTFT, TPOT and E2E p50 and p99 (served requests); goodput (share of all
+requests served within the TTFT SLO; served, without an SLO); cost per 1,000 requests; feedback mean
+(the last feedback per request id); shadow agreement and judge score means. Each figure has a
+percentile-bootstrap 95 % interval (numpy, seeded: the same logs give the same report), and each arm
+its difference to the control arm with its own bootstrap interval: `better` or `worse` when that interval
+excludes zero, `inconclusive` when it does not.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeGuard
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from gateway.accounting.reader import ReadStats, read_lines
+
+Better = Literal["lower", "higher"]
+Floats = npt.NDArray[np.float64]
+CHUNK = 4_000_000  # resampled indices held at once (int32: 16 MB)
+LEVEL = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    name: str
+    source: str  # the ArmData list it reads
+    quantile: float | None  # None: the mean
+    better: Better
+    unit: str  # "ms" | "%" | "$" | ""
+    scale: float = 1.0
+
+
+METRICS = (
+    Metric("ttft_p50", "ttft", 0.5, "lower", "ms"), Metric("ttft_p99", "ttft", 0.99, "lower", "ms"),
+    Metric("tpot_p50", "tpot", 0.5, "lower", "ms"), Metric("tpot_p99", "tpot", 0.99, "lower", "ms"),
+    Metric("e2e_p50", "e2e", 0.5, "lower", "ms"), Metric("e2e_p99", "e2e", 0.99, "lower", "ms"),
+    Metric("goodput", "good", None, "higher", "%", 100.0),
+    Metric("cost_per_1k", "cost", None, "lower", "$", 1000.0),
+    Metric("feedback", "feedback", None, "higher", ""),
+    Metric("agreement", "agreement", None, "higher", ""),
+    Metric("judge", "judge", None, "higher", ""),
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class ArmData:
+    requests: int = 0
+    control_votes: int = 0  # request lines that said arm_control: true
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    good: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    feedback_by_id: dict[str, float] = field(default_factory=dict)
+    agreement: list[float] = field(default_factory=list)
+    judge: list[float] = field(default_factory=list)
+    shadow_cost: float = 0.0
+
+    @property
+    def feedback(self) -> list[float]:
+        return list(self.feedback_by_id.values())
+
+    def values(self, source: str) -> Floats:
+        return np.asarray(getattr(self, source), dtype=np.float64)
+
+
+@dataclass(slots=True)
+class Collected:
+    """Per experiment, per arm, what the log lines said."""
+
+    arms: dict[str, dict[str, ArmData]] = field(default_factory=dict)
+    stats: ReadStats = field(default_factory=ReadStats)
+    malformed: int = 0
+    unmatched_feedback: int = 0  # feedback or shadow lines whose request is not in an experiment in these logs
+
+    def arm(self, experiment: str, arm: str) -> ArmData:
+        return self.arms.setdefault(experiment, {}).setdefault(arm, ArmData())
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    experiment: str
+    metric: str
+    arm: str
+    control: bool
+    n: int
+    value: float | None
+    lo: float | None
+    hi: float | None
+    diff: float | None = None
+    diff_lo: float | None = None
+    diff_hi: float | None = None
+    verdict: str = ""
+
+
+def collect(paths: Iterable[Path], slo_ms: float | None = None, tenant: str | None = None) -> Collected:
+    """Read the logs; feedback and shadow lines are matched to their request's arm after all are read."""
+    out = Collected()
+    request_arm: dict[str, tuple[str, str]] = {}
+    later: list[tuple[str, dict[str, Any]]] = []
+    for path in paths:
+        for line in read_lines(path, out.stats):
+            out.stats.lines += 1
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                out.malformed += line.strip() != b""
+                continue
+            if type(obj) is not dict or (tenant is not None and obj.get("tenant") != tenant):
+                continue
+            event = obj.get("event")
+            if event == "request":
+                experiment, arm = obj.get("experiment"), obj.get("arm")
+                if type(experiment) is str and type(arm) is str:
+                    if _add_request(out.arm(experiment, arm), obj, slo_ms):
+                        out.stats.records += 1
+                        if type(rid := obj.get("request_id")) is str:
+                            request_arm[rid] = (experiment, arm)
+                    else:
+                        out.malformed += 1
+            elif event in ("feedback", "shadow"):
+                later.append((event, obj))
+    for event, obj in later:
+        where = _arm_of(obj, request_arm)
+        if where is None:
+            out.unmatched_feedback += 1
+            continue
+        data = out.arm(*where)
+        if event == "feedback":
+            score, rid = obj.get("score"), obj.get("request_id")
+            if _number(score) and type(rid) is str:
+                data.feedback_by_id[rid] = float(score)  # the last one per request counts
+        else:
+            if _number(agreement := obj.get("agreement")):
+                data.agreement.append(float(agreement))
+            if _number(judge := obj.get("judge_score")):
+                data.judge.append(float(judge))
+            if _number(cost := obj.get("shadow_cost_usd")):
+                data.shadow_cost += float(cost)
+    return out
+
+
+def _arm_of(obj: dict[str, Any], request_arm: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    experiment, arm = obj.get("experiment"), obj.get("arm")
+    if type(experiment) is str and type(arm) is str:
+        return experiment, arm
+    rid = obj.get("request_id")
+    return request_arm.get(rid) if type(rid) is str else None
+
+
+def _number(value: Any) -> TypeGuard[float]:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _add_request(data: ArmData, obj: dict[str, Any], slo_ms: float | None) -> bool:
+    status, cost = obj.get("status"), obj.get("cost_usd", 0.0)
+    if type(status) is not int or not _number(cost):
+        return False
+    ttft, tpot, e2e = obj.get("ttft_ms"), obj.get("tpot_ms"), obj.get("e2e_ms")
+    data.requests += 1
+    data.control_votes += obj.get("arm_control") is True
+    data.cost.append(float(cost))
+    served = status == 200
+    if served:
+        for values, value in ((data.ttft, ttft), (data.tpot, tpot), (data.e2e, e2e)):
+            if _number(value):
+                values.append(float(value))
+    slo = slo_ms if slo_ms is not None else obj.get("ttft_slo_ms")
+    good = served and (not _number(slo) or (_number(ttft) and ttft <= slo))
+    data.good.append(1.0 if good else 0.0)
+    return True
+
+
+def control_of(arms: dict[str, ArmData], asked: str | None = None) -> str | None:
+    """The control arm: asked for, else the one whose lines say arm_control, else one named "control"."""
+    if asked is not None:
+        return asked if asked in arms else None
+    voted = max(arms, key=lambda name: arms[name].control_votes)
+    if arms[voted].control_votes:
+        return voted
+    return "control" if "control" in arms else None
+
+
+def analyze(collected: Collected, *, control: str | None = None, experiments: Iterable[str] | None = None,
+            n_boot: int = 1000, seed: int = 0) -> list[Row]:
+    rows: list[Row] = []
+    names = sorted(collected.arms) if experiments is None else [e for e in experiments if e in collected.arms]
+    for experiment in names:
+        arms = collected.arms[experiment]
+        base = control_of(arms, control)
+        order = sorted(arms, key=lambda name: (name != base, name))
+        total = sum(data.requests for data in arms.values())
+        rows += [Row(experiment, "requests", arm, arm == base, arms[arm].requests,
+                     arms[arm].requests / total if total else None, None, None) for arm in order]
+        for metric in METRICS:
+            if not any(len(getattr(data, metric.source)) for data in arms.values()):
+                continue
+            reps = {arm: _replicates(arms[arm].values(metric.source), metric, n_boot, seed, experiment, arm)
+                    for arm in order}
+            for arm in order:
+                rows.append(_row(experiment, metric, arm, base, arms, reps))
+    return rows
+
+
+def _row(experiment: str, metric: Metric, arm: str, base: str | None, arms: dict[str, ArmData],
+         reps: dict[str, Floats | None]) -> Row:
+    values = arms[arm].values(metric.source)
+    value = _stat(values, metric)
+    mine = reps[arm]
+    lo, hi = _interval(mine)
+    if base is None or arm == base:
+        return Row(experiment, metric.name, arm, arm == base, len(values), value, lo, hi,
+                   verdict="control" if arm == base else "")
+    control_value = _stat(arms[base].values(metric.source), metric)
+    theirs = reps[base]
+    if value is None or control_value is None or mine is None or theirs is None:
+        return Row(experiment, metric.name, arm, False, len(values), value, lo, hi, verdict="n/a")
+    diff_lo, diff_hi = _interval(mine - theirs)
+    verdict = "inconclusive"
+    if diff_lo is not None and diff_hi is not None and (diff_lo > 0 or diff_hi < 0):
+        higher = diff_lo > 0
+        verdict = "better" if higher == (metric.better == "higher") else "worse"
+    return Row(experiment, metric.name, arm, False, len(values), value, lo, hi, value - control_value, diff_lo,
+               diff_hi, verdict)
+
+
+def _stat(values: Floats, metric: Metric) -> float | None:
+    if not len(values):
+        return None
+    stat = np.quantile(values, metric.quantile) if metric.quantile is not None else values.mean()
+    return float(stat) * metric.scale
+
+
+def _interval(replicates: Floats | None) -> tuple[float | None, float | None]:
+    if replicates is None:
+        return None, None
+    lo, hi = np.percentile(replicates, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
+    return float(lo), float(hi)
+
+
+def _replicates(values: Floats, metric: Metric, n_boot: int, seed: int, experiment: str, arm: str) -> Floats | None:
+    """The statistic on `n_boot` resamples with replacement (None with fewer than 2 values)."""
+    n = len(values)
+    if n < 2 or n_boot < 1:
+        return None
+    rng = np.random.default_rng([seed, *(zlib.crc32(s.encode()) for s in (experiment, metric.name, arm))])
+    out = np.empty(n_boot)
+    rows = max(1, CHUNK // n)
+    ordered = np.sort(values)
+    if metric.quantile is not None:
+        h = (n - 1) * metric.quantile  # numpy's default (linear) quantile, on each resample
+        below = math.floor(h)
+        above, frac = min(below + 1, n - 1), h - below
+    for start in range(0, n_boot, rows):
+        count = min(rows, n_boot - start)
+        picks = rng.integers(0, n, size=(count, n), dtype=np.int32)
+        if metric.quantile is None:
+            out[start:start + count] = ordered[picks].mean(axis=1)
+            continue
+        # the k-th smallest of a resample is `ordered` at the k-th smallest index picked: partition the
+        # indices, never the values
+        picks.partition(sorted({below, above}), axis=1)
+        low, high = ordered[picks[:, below]], ordered[picks[:, above]]
+        out[start:start + count] = low + (high - low) * frac
+    return out * metric.scale

@@ -1,0 +1,73 @@
+"""What the backend answered, written into the request's context: a relayed stream's tally (`ContextSink`,
+which also ends the replica's lease) and the usage a backend reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from gateway.backends.pool import Lease
+from gateway.backends.relay import StreamEnd
+from gateway.context import RequestContext
+from gateway.sse import StreamTally
+
+log = structlog.get_logger("gateway.proxy")
+
+
+class ContextSink:
+    """Writes what a relayed stream said into the request's context, and ends the replica's lease."""
+
+    __slots__ = ("_ctx", "_lease", "_count_tokens")
+
+    def __init__(self, ctx: RequestContext, lease: Lease, count_tokens: Callable[[RequestContext], None]) -> None:
+        self._ctx = ctx
+        self._lease = lease
+        self._count_tokens = count_tokens
+
+    def failed(self, code: str) -> None:
+        self._ctx.outcome, self._ctx.error = "upstream_error", code
+
+    def counted_usage(self, tally: StreamTally) -> dict[str, int]:
+        ctx = self._ctx
+        self._settle(tally)
+        self._count_tokens(ctx)
+        prompt, completion = ctx.prompt_tokens or 0, ctx.completion_tokens or 0
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def closed(self, tally: StreamTally, end: StreamEnd) -> None:
+        ctx = self._ctx
+        self._settle(tally)
+        ctx.output_capped = ctx.output_capped or end.capped
+        if end.added_finish is not None:
+            ctx.error = ctx.error or "upstream_missing_finish"
+            log.warning("upstream_missing_finish", request_id=ctx.request_id,
+                        backend=ctx.replica.name if ctx.replica else None, finish_reason=end.added_finish,
+                        completion_chunks=tally.content_chunks, max_tokens=ctx.max_tokens)
+        if end.delivered and ctx.outcome == "client_disconnected":
+            ctx.status, ctx.outcome = 200, "ok"  # the client had all of it, [DONE] included, then closed
+        self._lease.release(failed=end.failed and ctx.outcome == "upstream_error",
+                            completion=ctx.completion_tokens or ctx.output_chunks)
+
+    def _settle(self, tally: StreamTally) -> None:
+        ctx = self._ctx
+        ctx.first_token_at = tally.first_token_at
+        ctx.finish_reason = tally.finish_reason
+        ctx.output_chunks = tally.content_chunks
+        if tally.text is not None:
+            ctx.response_text = "".join(tally.text)
+        if tally.malformed and ctx.error is None:
+            ctx.error = "upstream_malformed_events"  # forwarded without them; never cached
+        apply_usage(ctx, tally.usage)
+
+
+def apply_usage(ctx: RequestContext, usage: object) -> None:
+    """Take the backend's own token counts when it reported them."""
+    if not isinstance(usage, dict):
+        return
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = prompt, completion, "backend"
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        ctx.cached_tokens = cached if isinstance(cached, int) else 0

@@ -1,0 +1,57 @@
+"""The app's state: what the HTTP handlers need, under one aiohttp app key (`GATEWAY`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.backends.pool import ReplicaPool
+from gateway.cache.guard import RedisGuard
+from gateway.cache.responses import ResponseCache
+from gateway.client_limits import ClientLimits
+from gateway.config import GatewayConfig
+from gateway.config.reload import ConfigReloader
+from gateway.limits.replicas import Replicas
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline import RequestPath
+from gateway.stages.account import Accountant
+from gateway.types import DifficultyScorer
+
+if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
+    from gateway.experiments.feedback import FeedbackStore, RequestOwners
+    from gateway.experiments.shadow import ShadowSender
+    from gateway.tracing import Tracing
+
+
+@dataclass(slots=True)
+class Gateway:
+    """The serving config, the request path (set once the app's resources are open) and the shared parts."""
+
+    config: GatewayConfig
+    accountant: Accountant
+    metrics: GatewayMetrics
+    pool: ReplicaPool
+    client_limits: ClientLimits = field(default_factory=ClientLimits)
+    path: RequestPath | None = None
+    redis: RedisGuard | None = None
+    reloader: ConfigReloader | None = None
+    scorer: DifficultyScorer | None = None
+    responses: ResponseCache | None = None
+    replicas: Replicas | None = None
+    tracing: Tracing | None = None
+    owners: RequestOwners | None = None  # request id -> tenant and arm, for POST /v1/feedback
+    feedback: FeedbackStore | None = None  # accepted feedback in Redis (None: logged only)
+    shadow: ShadowSender | None = None  # shadow comparisons' queue and workers
+
+    def serve(self, config: GatewayConfig) -> None:
+        """Swap in a new config version: requests that start from now on use it; the replicas' and the
+        admission gates' settings follow it at once."""
+        self.config = config
+        self.pool.configure(config.routes)
+        if self.path is not None:
+            self.path.admission.configure(config)
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
