@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import decimal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from typing import TextIO
@@ -20,6 +20,7 @@ from gateway.accounting.aggregate import DIMENSIONS, DailyCosts, GroupKey, Group
 from gateway.accounting.reader import ReadStats, read_records
 from gateway.accounting.records import Skip
 from gateway.accounting.render import table, write_csv
+from gateway.report_files import write_output
 
 # Sums run in a context wide enough never to round, and trap if they ever would.
 EXACT = decimal.Context(prec=60, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow])
@@ -93,11 +94,11 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
     print(table(args.by, rows, total), file=out)
     status = 0
     if args.csv:
-        status |= _write(args.csv, lambda: _csv(args, rows, total), out)
+        status |= write_output("gateway costs", args.csv, lambda: _csv(args, rows, total), out, lead="\n")
     if daily is not None:
         from gateway.accounting.plot import draw
 
-        status |= _write(args.plot, lambda: draw(daily, args.plot), out)
+        status |= write_output("gateway costs", args.plot, lambda: draw(daily, args.plot), out, lead="\n")
     print("\n" + summary(stats, total.unpriced_baseline), file=out)
     return status
 
@@ -106,16 +107,6 @@ def _csv(args: argparse.Namespace, rows: list[tuple[GroupKey, GroupStats]], tota
     with open(args.csv, "w", newline="", encoding="utf-8") as f:
         write_csv(f, args.by, rows, total)
 
-
-def _write(path: Path, write: Callable[[], None], out: TextIO) -> int:
-    """Run one output writer; 0 and a note on stdout, or 1 and the reason on stderr."""
-    try:
-        write()
-    except OSError as exc:
-        print(f"gateway costs: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    print(f"\nWrote {path}", file=out)
-    return 0
 
 
 def summary(stats: ReadStats, unpriced: int) -> str:

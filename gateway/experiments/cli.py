@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -55,6 +55,7 @@ def run_experiments(argv: Sequence[str]) -> int:
 def _report(args: argparse.Namespace, out: TextIO) -> int:
     from gateway.experiments.render import missing_matplotlib, table, write_csv
     from gateway.experiments.report import analyze, collect
+    from gateway.report_files import write_output
 
     unreadable = [str(p) for p in args.logs if not p.is_file()]
     problem = f"not a readable file: {', '.join(unreadable)}" if unreadable else None
@@ -79,22 +80,13 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
         print(f"Unreadable: {error}", file=out)
     status = 0
     if args.csv:
-        status |= _write(args.csv, lambda: write_csv(rows, args.csv), out)
+        status |= write_output("gateway experiments report", args.csv, lambda: write_csv(rows, args.csv), out)
     if args.png:
         from gateway.experiments.render import draw
 
-        status |= _write(args.png, lambda: draw(rows, args.png), out)
+        status |= write_output("gateway experiments report", args.png, lambda: draw(rows, args.png), out)
     return status
 
-
-def _write(path: Path, write: Callable[[], None], out: TextIO) -> int:
-    try:
-        write()
-    except OSError as exc:
-        print(f"gateway experiments report: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    print(f"Wrote {path}", file=out)
-    return 0
 
 
 def _promote(args: argparse.Namespace, out: TextIO) -> int:
