@@ -7,7 +7,8 @@
 The body is `{"request_id": "<x-request-id of the answer>", "score": 0.0..1.0}` or `{"request_id": ...,
 "thumbs": "up" | "down"}` (up = 1, down = 0), with an optional `comment` (at most MAX_COMMENT characters).
 The request id must belong to the caller's tenant: the map request id -> owner is written when a
-request finishes (in process at once, in Redis in batches, `ttl_s` long). An unknown id, an expired
+request finishes (in process at once; in Redis in batches, one hash per five minutes of wall time, so a
+batch is one command however many requests it holds, kept `ttl_s` to `ttl_s` + 5 minutes). An unknown id, an expired
 one and another tenant's one get the same 404, so a tenant cannot probe for others' request ids.
 When the id is in neither this process nor Redis because Redis is down, the answer is 503 (retry).
 Errors are GatewayErrors: the edge renders them as the OpenAI error JSON (`gateway.errors.error_body`).
@@ -38,6 +39,7 @@ MAX_COMMENT = 2000
 FIELDS = ("request_id", "score", "thumbs", "comment")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 OWNER_PREFIX = "reqowner:"
+OWNER_BUCKET_S = 300  # the owners recorded in these seconds of wall time share one Redis hash
 FEEDBACK_PREFIX = "feedback:"
 WRITE_TIMEOUT_S = 1.0  # batched background writes and the feedback endpoint: not the request path's 5 ms budget
 
@@ -65,14 +67,17 @@ class RequestOwner:
 
 class RequestOwners:
     """request id -> RequestOwner for `ttl_s`: in this process (an LRU of `local_entries`) and in Redis
-    (shared by the gateway's replicas; written in pipelined batches every `batch_every_s`). Redis holds
-    ~150 bytes per request (measured: 100 req/s for the default hour is ~55 MB), so `ttl_s` is the window
-    in which an application may send feedback."""
+    (shared by the gateway's replicas; written every `batch_every_s` as one HSET into the hash of the
+    current OWNER_BUCKET_S, which expires `ttl_s` after the bucket's last write). Redis holds ~150 bytes
+    per request (100 req/s for the default hour is ~55 MB), so `ttl_s` is the window in which an
+    application may send feedback."""
 
     def __init__(self, guard: RedisGuard | None, *, ttl_s: int = 3600, local_entries: int = 100_000,
                  batch_every_s: float = 0.05, max_batch: int = 256, clock: Callable[[], float] = time.monotonic,
-                 ) -> None:
+                 wall: Callable[[], float] = time.time) -> None:
         self.guard = guard
+        self._wall = wall
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.ttl_s = ttl_s
         self.local_entries = local_entries
         self.batch_every_s = batch_every_s
@@ -96,10 +101,12 @@ class RequestOwners:
         if self.guard is None:
             return
         self._pending.append((request_id, owner.encode()))
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a script): `flush()` writes them
-            return
+        loop = self._loop
+        if loop is None or loop.is_closed():  # asking asyncio costs a getpid() syscall: once per loop
+            try:
+                loop = self._loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a script): `flush()` writes them
+                return
         if len(self._pending) >= self.max_batch and not self._flush_started:
             self._spawn(loop)
         elif not self._flush_scheduled:
@@ -118,17 +125,17 @@ class RequestOwners:
         task.add_done_callback(self._tasks.discard)
 
     async def flush(self) -> None:
-        """Write the owners recorded since the last flush to Redis in one pipeline."""
+        """Write the owners recorded since the last flush to Redis: one HSET into the current bucket's hash."""
         batch, self._pending, self._flush_started = self._pending, [], False
         self.flushes += bool(batch)
         if not batch or self.guard is None:
             return
-        client, ttl_s = self.guard.client, self.ttl_s
+        client, key, expire_s = self.guard.client, owner_bucket_key(self._wall()), self.ttl_s + OWNER_BUCKET_S
 
         async def write() -> bool:
             pipe = client.pipeline(transaction=False)
-            for request_id, value in batch:
-                pipe.set(OWNER_PREFIX + request_id, value, ex=ttl_s)
+            pipe.hset(key, mapping=dict(batch))
+            pipe.expire(key, expire_s)
             await pipe.execute()
             return True
 
@@ -148,21 +155,31 @@ class RequestOwners:
             del self._local[request_id]
         if self.guard is None:
             return None
-        client = self.guard.client
+        client, now = self.guard.client, self._wall()
+        buckets = [owner_bucket_key(now - back * OWNER_BUCKET_S) for back in range(self.ttl_s // OWNER_BUCKET_S + 2)]
 
-        async def read() -> tuple[bytes | str | None]:
-            return (await client.get(OWNER_PREFIX + request_id),)
+        async def read() -> list[bytes | str | None]:
+            pipe = client.pipeline(transaction=False)
+            for key in buckets:
+                pipe.hget(key, request_id)
+            return list(await pipe.execute())
 
         found = await self.guard.run("feedback_owner_get", read, WRITE_TIMEOUT_S)
         if found is None:
             raise Overloaded("feedback cannot be checked right now (request store unavailable); retry",
                              code="feedback_store_unavailable", retry_after=1)
-        return None if found[0] is None else RequestOwner.decode(found[0])
+        raw = next((value for value in found if value is not None), None)
+        return None if raw is None else RequestOwner.decode(raw)
 
     async def aclose(self) -> None:
         """Write what is pending (at shutdown)."""
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self.flush()
+
+
+def owner_bucket_key(wall_s: float) -> str:
+    """The Redis hash holding the owners recorded at `wall_s` (Unix seconds)."""
+    return f"{OWNER_PREFIX}{int(wall_s // OWNER_BUCKET_S)}"
 
 
 @dataclass(frozen=True, slots=True)

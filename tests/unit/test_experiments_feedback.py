@@ -4,6 +4,7 @@ two gateway replicas), storage and the log line."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from redis.asyncio import Redis
 from gateway.cache.guard import RedisGuard
 from gateway.errors import GatewayError, InvalidRequest, NotFound, Overloaded, error_body
 from gateway.experiments.feedback import (
-    OWNER_PREFIX, FeedbackStore, RequestOwner, RequestOwners, parse_feedback, submit_feedback,
+    OWNER_BUCKET_S, OWNER_PREFIX, FeedbackStore, RequestOwner, RequestOwners, owner_bucket_key, parse_feedback, submit_feedback,
 )
 
 ALICE = RequestOwner("alice", "bands-v2", "treatment", "large-fp16")
@@ -64,7 +65,9 @@ async def test_feedback_recorded_on_one_replica_is_accepted_on_another_and_refus
     replica_a.record("req-2", RequestOwner("bob"))
     await asyncio.sleep(0.1)  # the batched write
     assert replica_a.written == 2 and replica_a.write_failures == 0
-    assert 3500 < await guard.client.ttl(OWNER_PREFIX + "req-1") <= 3600
+    (bucket,) = [key async for key in guard.client.scan_iter(OWNER_PREFIX + "*")]  # one hash took the batch
+    assert await guard.client.hlen(bucket) == 2
+    assert 3600 < await guard.client.ttl(bucket) <= 3600 + OWNER_BUCKET_S  # the hour, and the bucket's span
     store = FeedbackStore(guard)
     with structlog.testing.capture_logs() as logs:
         reply = await submit_feedback({"request_id": "req-1", "thumbs": "down", "comment": "wrong"}, "alice",
@@ -124,5 +127,20 @@ async def test_writes_are_batched_a_full_batch_goes_at_once_and_aclose_writes_th
     owners.record("late", ALICE)
     await owners.aclose()
     assert owners.written == 26
-    raw = await guard.client.get(OWNER_PREFIX + "r24")
+    raw = await guard.client.hget(owner_bucket_key(time.time()), "r24")
     assert raw is not None and RequestOwner.decode(raw) == ALICE
+
+
+async def test_an_owner_is_found_in_an_earlier_bucket_until_the_window_has_passed(guard: RedisGuard) -> None:
+    wall = [1_700_000_000.0]
+    writer = RequestOwners(guard, ttl_s=900, wall=lambda: wall[0])
+    writer.record("early", ALICE)
+    await writer.flush()
+    wall[0] += 2 * OWNER_BUCKET_S + 1  # two buckets later, within 900 s
+    writer.record("later", RequestOwner("bob"))
+    await writer.flush()
+    assert owner_bucket_key(wall[0]) != owner_bucket_key(wall[0] - 2 * OWNER_BUCKET_S - 1)
+    reader = RequestOwners(guard, ttl_s=900, wall=lambda: wall[0])  # another replica: Redis only
+    assert await reader.lookup("early") == ALICE and await reader.lookup("later") == RequestOwner("bob")
+    wall[0] += 900 + 2 * OWNER_BUCKET_S  # past the window of both buckets: not read any more
+    assert await reader.lookup("early") is None and await reader.lookup("later") is None
