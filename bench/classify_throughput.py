@@ -32,7 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.classify import BANDS, FULL, QUICK, run
+from gateway.bench.classify import FULL, QUICK, bands_of, run, shipped_cuts
 from gateway.bench.configs import key_sha256
 from gateway.bench.procs import begin, interrupted
 from gateway.bench.report import (
@@ -87,7 +87,10 @@ def main() -> int:
     parser.add_argument("--no-pin", action="store_true", help="do not pin the gateway to its own CPU")
     parser.add_argument("--no-redis", action="store_true", help="run the gateway without Redis")
     parser.add_argument("--concurrency", type=int, help="closed-loop concurrency (default 16)")
+    parser.add_argument("--bands", metavar="CUT,CUT", type=lambda text: [float(x) for x in text.split(",")],
+                        help="the two band cuts (default: policies/example.yaml's, calibrated on the shipped model)")
     args = parser.parse_args()
+    bands = bands_of(args.bands or shipped_cuts())
     s = QUICK if args.quick else FULL
     if args.concurrency:
         s = replace(s, concurrency=args.concurrency)
@@ -100,7 +103,7 @@ def main() -> int:
     start = begin(args.no_pin)
     host, pin_note = start.host, start.pin_note
     try:
-        result = run(s, clf, not args.no_redis, start, log)
+        result = run(s, clf, not args.no_redis, start, log, bands)
     except KeyboardInterrupt:
         return interrupted()
     metrics_file = clf / "metrics.json"
@@ -108,7 +111,7 @@ def main() -> int:
         "benchmark": "classify_throughput", "machine": host, "settings": asdict(s), "pinning": pin_note,
         "classifier": str(clf), "classifier_metrics_sha": key_sha256(metrics_file.read_text()),
         "head_onnx_mtime": dt.datetime.fromtimestamp((clf / "head.onnx").stat().st_mtime).isoformat(),
-        "bands": BANDS, "redis": not args.no_redis, "command": command_line(), "loadavg_start": start.load_start,
+        "bands": bands, "redis": not args.no_redis, "command": command_line(), "loadavg_start": start.load_start,
         "loadavg_end": os.getloadavg(), "elapsed_s": round(time.monotonic() - start.started, 1),
     })
     header = (

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import redis
 import uvloop
+import yaml
 
 from gateway.bench.client import send_json
 from gateway.bench.configs import policy_yaml, routes_yaml
@@ -31,7 +32,20 @@ from gateway.local.redis_server import EmbeddedRedis
 PLAIN_KEY = "sk-demo"
 ROUTED_KEY = "sk-bench-routed"
 TIERS = ("small-int4", "medium-int8", "large-fp16")
-BANDS = [{"below": 0.6, "tier": "small-int4"}, {"below": 0.85, "tier": "medium-int8"}, {"tier": "large-fp16"}]
+EXAMPLE_POLICY = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"
+
+
+def shipped_cuts() -> list[float]:
+    """The band cuts of policies/example.yaml (calibrated on the shipped classifier): the default."""
+    bands = yaml.safe_load(EXAMPLE_POLICY.read_text())["routing"]["bands"]
+    return [float(band["below"]) for band in bands if "below" in band]
+
+
+def bands_of(cuts: list[float]) -> list[dict[str, Any]]:
+    """Three bands over TIERS from two cuts."""
+    if len(cuts) != len(TIERS) - 1 or sorted(cuts) != cuts:
+        raise ValueError(f"give {len(TIERS) - 1} increasing cuts, got {cuts}")
+    return [*({"below": cut, "tier": tier} for cut, tier in zip(cuts, TIERS, strict=False)), {"tier": TIERS[-1]}]
 
 
 @dataclass(frozen=True)
@@ -157,9 +171,10 @@ async def run_all(s: Settings, gw_port: int, gw_pid: int, redis: Any, pids: list
                              "p90": percentile(chars, 90)}}
 
 
-def run(s: Settings, clf: Path, use_redis: bool, start: RunStart, log: Log) -> dict[str, Any]:
-    """Redis (unless not `use_redis`), the emulator and the gateway with classifier `clf`; the
-    measurements; stops them all."""
+def run(s: Settings, clf: Path, use_redis: bool, start: RunStart, log: Log,
+        bands: list[dict[str, Any]]) -> dict[str, Any]:
+    """Redis (unless not `use_redis`), the emulator and the gateway with classifier `clf` routing by `bands`;
+    the measurements; stops them all."""
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(EmbeddedRedis()) if use_redis else None
         tmp = stack.enter_context(workdir(start.procs, "bench-classify-"))
@@ -168,7 +183,7 @@ def run(s: Settings, clf: Path, use_redis: bool, start: RunStart, log: Log) -> d
             stack.callback(client.close)
         policy = policy_yaml(TIERS[0], [
             {"name": "plain", "key": PLAIN_KEY},
-            {"name": "routed", "key": ROUTED_KEY, "routing": {"classifier": str(clf), "bands": BANDS}},
+            {"name": "routed", "key": ROUTED_KEY, "routing": {"classifier": str(clf), "bands": bands}},
         ], max_tokens=1)
         gw = start_stack(start.procs, tmp, lambda urls: routes_yaml({t: [(f"{t}-a", urls[0])] for t in TIERS}),
                          policy, redis_url=server.url if server else None, gw_cpu=start.gw_cpu, gateway_timeout_s=90)
