@@ -55,6 +55,13 @@ class SseScanner:
         self._pending = b""
 
     def feed(self, data: bytes) -> bytes:
+        if not self._pending and data.startswith(b"data: ") and data.find(b"\n") == len(data) - 2 \
+                and data.endswith(b"\n\n") and data[-3:-2] != b"\r":  # one whole event, as most reads are
+            if self.tally.capped or self.tally.done:
+                return b""
+            raw = data[:-2]
+            out = self._inspect(raw)
+            return data if out is raw else b"" if out is None else out + b"\n\n"
         buf = self._pending + data if self._pending else data
         end = _complete_prefix_end(buf)
         if end == 0:

@@ -82,6 +82,29 @@ def test_an_output_cap_ends_at_the_same_place_whatever_the_chunking(stream: tupl
     assert scanner.tally.content_chunks <= tokens and scanner.tally.content_chars <= chars
 
 
+def event_bounds(wire: bytes) -> list[int]:
+    """The cut points between events: each read is one whole event (the scanner's fast path)."""
+    sep = b"\r\n\r\n" if b"\r\n\r\n" in wire else b"\n\n"
+    cuts, at = [], wire.find(sep)
+    while at >= 0:
+        cuts.append(at + len(sep))
+        at = wire.find(sep, at + len(sep))
+    return cuts
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(streams(), st.integers(1, 5), st.integers(1, 30))
+def test_one_event_per_read_forwards_and_tallies_as_the_whole_stream(stream: tuple[bytes, bytes, list[int]],
+                                                                     tokens: int, chars: int) -> None:
+    wire, expected, _ = stream
+    out, scanner = feed(wire, event_bounds(wire))
+    whole, reference = feed(wire, [])
+    assert out == whole == expected and tally(scanner) == tally(reference)
+    capped, capped_scanner = feed(wire, event_bounds(wire), OutputLimit(tokens=tokens, chars=chars))
+    capped_whole, capped_reference = feed(wire, [], OutputLimit(tokens=tokens, chars=chars))
+    assert capped == capped_whole and tally(capped_scanner) == tally(capped_reference)
+
+
 @settings(max_examples=200, deadline=None, database=None)
 @given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=10))
 def test_arbitrary_bytes_never_raise(data: bytes, cuts: list[int]) -> None:
