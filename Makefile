@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run run-emulated test typecheck bench bench-compare clean chromium
+.PHONY: run run-emulated test typecheck bench bench-compare clean chromium loadgen
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,12 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
 	  $$s apt-get update -qq && $$s apt-get install -y -qq chromium >/dev/null; }
 
-test: $(VENV)/.installed chromium
+# bench/req_per_core.py and its test drive Debian's wrk (a compiled closed-loop load generator)
+loadgen:
+	@command -v wrk >/dev/null 2>&1 || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
+	  $$s apt-get update -qq && $$s apt-get install -y -qq wrk >/dev/null; }
+
+test: $(VENV)/.installed chromium loadgen
 	$(BIN)/pytest
 
 typecheck: $(VENV)/.installed
@@ -44,6 +49,7 @@ bench: $(VENV)/.installed
 bench-compare: $(VENV)/.installed
 	$(BIN)/python bench/compare.py
 	$(BIN)/python bench/routing_quality.py
+	$(BIN)/python bench/req_per_core.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

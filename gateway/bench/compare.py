@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,14 +66,9 @@ def start_paths(args: argparse.Namespace, tmp: Path, procs: Procs, rest: set[int
         body = {"temperature": 0} if cache else {}
         paths.append(BenchPath(name, Target(f"http://127.0.0.1:{port}/v1", "auto", KEY, extra_body=body), gw.pid))
     if not args.no_litellm:
-        exe = litellm_env.ensure_venv()
-        config = litellm_env.write_config(tmp / "litellm.yaml", emu_url + "/v1", emu_url + "/v1")
-        port = free_port()
-        os.environ["LITELLM_LOG"] = "ERROR"
-        ll = procs.start("litellm", litellm_env.argv(exe, config, port), pin, logs / "litellm.log")
-        wait_http(f"http://127.0.0.1:{port}/health/liveliness", ll, "litellm", timeout_s=120)
+        port, pid = litellm_env.start(procs, logs, emu_url + "/v1", pin)
         name = f"LiteLLM {litellm_env.version()}"
-        paths.append(BenchPath(name, Target(f"http://127.0.0.1:{port}/v1", "small"), ll.pid))
+        paths.append(BenchPath(name, Target(f"http://127.0.0.1:{port}/v1", "small"), pid))
     return paths
 
 

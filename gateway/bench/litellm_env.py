@@ -7,10 +7,12 @@ as a separate process from its own venv).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+from gateway.bench.procs import Procs, free_port, wait_http
 from gateway.bench.report import ROOT
 
 HERE = ROOT / "bench" / "litellm"  # requirements.txt and config.yaml
@@ -57,3 +59,15 @@ def write_config(path: Path, small_url: str, large_url: str) -> Path:
 def argv(executable: Path, config: Path, port: int) -> list[str]:
     """One LiteLLM proxy process (one uvicorn worker) on 127.0.0.1:port."""
     return [str(executable), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+
+
+def start(procs: Procs, folder: Path, upstream: str, cpus: set[int] | None) -> tuple[int, int]:
+    """The LiteLLM proxy (venv set up on first use) on a free port, both tiers at `upstream` (…/v1), on
+    `cpus`, config and log in `folder`; waits until it answers. (port, pid)."""
+    exe = ensure_venv()
+    config = write_config(folder / "litellm.yaml", upstream, upstream)
+    port = free_port()
+    os.environ["LITELLM_LOG"] = "ERROR"
+    proc = procs.start("litellm", argv(exe, config, port), cpus, folder / "litellm.log")
+    wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, "litellm", timeout_s=120)
+    return port, proc.pid
