@@ -149,7 +149,7 @@ def _experiments(gateway: Gateway, admission: AdmissionStage, proxy: ProxyStage,
     gateway.feedback = FeedbackStore(gateway.redis) if gateway.redis is not None else None
     send = GatewaySend(lambda: gateway.config, gateway.pool, admission, proxy, gateway.accountant.count_tokens)
     gateway.shadow = ShadowSender(send, AgreementScorer(BackgroundEncoder()), PairStore(gateway.redis, shadow_pairs),
-                                  admission_pressure(admission))
+                                  admission_pressure(admission), metrics=gateway.metrics.shadow)
     gateway.shadow.start()
     return OwnerRecorder(gateway.owners), ShadowTap(gateway.shadow)
 

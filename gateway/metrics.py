@@ -11,6 +11,7 @@ from gateway.dashboard.window import LiveWindow
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+AGREEMENT_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # a cosine at or below 0: le="0.0"
 
 
 class GatewayMetrics:
@@ -73,6 +74,7 @@ class GatewayMetrics:
         self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any, Any]] = {}
         self.live = LiveWindow()  # the dashboard's rolling 15 minutes, in process
         self.outcomes = OutcomeSeries(self.registry)  # the same panels for Grafana
+        self.shadow = ShadowSeries(self.registry)
 
     def observe(
         self, tier: str, status: int, e2e_s: float, ttft_s: float | None, tpot_s: float | None, cost: float
@@ -99,3 +101,39 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ShadowSeries:
+    """Shadow comparisons (gateway.experiments.shadow), recorded by the ShadowSender where it decides them: each
+    sampled request's outcome (shadow.OUTCOMES), the agreement of the scored pairs, and what the reference (and
+    judge) calls cost. Tenants and tiers come from the config, so the label sets stay bounded."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "gateway_shadow_requests", "Requests sampled for a shadow comparison, by outcome",
+            ("tenant", "from_tier", "to_tier", "outcome"), registry=registry,
+        )
+        self.agreement = Histogram(
+            "gateway_shadow_agreement", "Agreement (cosine of the sentence embeddings) of stored shadow pairs",
+            ("tenant", "from_tier", "to_tier"), buckets=AGREEMENT_BUCKETS, registry=registry,
+        )
+        self.cost = Counter(
+            "gateway_shadow_cost_usd", "Cost of the shadow reference and judge calls in USD (in no tenant's cost)",
+            ("tenant", "to_tier"), registry=registry,
+        )
+        self._outcomes: dict[tuple[str, str, str, str], Any] = {}
+
+    def outcome(self, tenant: str, from_tier: str, to_tier: str, outcome: str) -> None:
+        """One sampled request's end; cheap (a dict lookup): skipped_pressure is counted on the request path."""
+        key = (tenant, from_tier, to_tier, outcome)
+        child = self._outcomes.get(key)
+        if child is None:  # labels() locks and hashes: once per combination
+            child = self._outcomes[key] = self.requests.labels(*key)
+        child.inc()
+
+    def pair(self, tenant: str, from_tier: str, to_tier: str, agreement: float | None, cost_usd: float) -> None:
+        """A pair whose `shadow` line was logged (off the request path): its agreement (when scored) and cost."""
+        if agreement is not None:
+            self.agreement.labels(tenant, from_tier, to_tier).observe(agreement)
+        if cost_usd > 0:  # a counter only goes up
+            self.cost.labels(tenant, to_tier).inc(cost_usd)

@@ -82,7 +82,8 @@ class ShadowTap:
         rule = tenant.shadow if tenant is not None else None
         complete = ctx.status == 200 and ctx.outcome == "ok" and ctx.upstream_started and ctx.error is None
         if rule is None or tier is None or tier.name != rule.from_tier or not complete or ctx.response_text is None:
-            self.sender.stats["not_submitted"] += 1
+            self.sender.outcome("not_submitted", ctx.tenant_name, rule.from_tier if rule else "none",
+                                rule.to_tier if rule else "none")
             return
         arm = ctx.assignment
         job = ShadowJob(ctx.request_id, ctx.tenant_name, rule, ctx.body, ctx.response_text, tier.name,

@@ -13,6 +13,10 @@ run at batch priority, outside the tenant's rate limits and budget, and price th
 logged as one `shadow` line (its `shadow_cost_usd` is the reference and judge calls' cost, kept apart
 from the tenant's request lines).
 
+Every sampled request ends in one OUTCOME, counted where it is decided (`ShadowSender.outcome`: the sender's
+`stats` and, in the app, `gateway_shadow_requests_total{tenant, from_tier, to_tier, outcome}`); a logged
+pair also feeds `gateway_shadow_agreement` and `gateway_shadow_cost_usd_total` (gateway.metrics.ShadowSeries).
+
 Agreement is the cosine of the two answers' sentence embeddings (the MiniLM sentence encoder the gateway
 ships, in the app on a low-priority thread of its own: `serving.BackgroundEncoder`; it reads the first 256
 tokens of each answer). A `judge` tier, when the rule names one, also grades the candidate against the
@@ -30,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +47,7 @@ from gateway.tokens import prompt_text
 if TYPE_CHECKING:
     from gateway.cache.guard import RedisGuard
     from gateway.config.tenants import TenantPolicy
+    from gateway.metrics import ShadowSeries
 
 log = structlog.get_logger("gateway.requests")
 Embedding = npt.NDArray[np.float32]
@@ -62,6 +67,13 @@ Reference answer:
 Candidate answer:
 {candidate}"""
 _GRADE = re.compile(r"(?<![\d.])(10|[0-9])(?:\.\d+)?(?![\d])")
+# how a sampled request's comparison ended: a pair stored (the reference answered, agreement scored); skipped
+# under admission pressure (at routing, at submit or before the send); its answer not one to compare (not
+# complete, or from another tier: ShadowTap); dropped on a full queue or after aclose; the reference answered
+# an error; the job raised
+Outcome = Literal["stored", "skipped_pressure", "not_submitted", "dropped_full", "dropped_closed",
+                  "reference_failed", "failed"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 
 class Embedder(Protocol):
@@ -213,14 +225,15 @@ class ShadowSender:
     def __init__(
         self, send: Send, scorer: AgreementScorer, store: PairStore, pressure: Callable[[], bool], *,
         queue_size: int = 64, workers: int = 2, rand: Callable[[], float] = random.random,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, metrics: ShadowSeries | None = None,
     ) -> None:
         self.send = send
         self.scorer = scorer
         self.store = store
         self.pressure = pressure
         self.workers = workers
-        self.stats: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter()  # the outcomes, and `sampled` and `submitted` on the way
+        self.metrics = metrics
         self._rand = rand
         self._clock = clock
         self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(queue_size)
@@ -234,26 +247,35 @@ class ShadowSender:
         if rule is None or rule.from_tier != tier or self._closed or self._rand() >= rule.share:
             return None
         if self.pressure():
-            self.stats["skipped_pressure"] += 1
+            self.outcome("skipped_pressure", tenant.name, tier, rule.to_tier)
             return None
         self.stats["sampled"] += 1
         return rule
 
+    def outcome(self, outcome: Outcome, tenant: str, from_tier: str, to_tier: str) -> None:
+        """Count how one sampled request's comparison ended (the one place each outcome is recorded)."""
+        self.stats[outcome] += 1
+        if self.metrics is not None:
+            self.metrics.outcome(tenant, from_tier, to_tier, outcome)
+
     def submit(self, job: ShadowJob) -> bool:
         """Queue the job; False when it was dropped (pressure, full queue, closed). Never blocks."""
         if self._closed:
-            self.stats["dropped_closed"] += 1
+            self._job_outcome("dropped_closed", job)
             return False
         if self.pressure():
-            self.stats["skipped_pressure"] += 1
+            self._job_outcome("skipped_pressure", job)
             return False
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
-            self.stats["dropped_full"] += 1
+            self._job_outcome("dropped_full", job)
             return False
         self.stats["submitted"] += 1
         return True
+
+    def _job_outcome(self, outcome: Outcome, job: ShadowJob) -> None:
+        self.outcome(outcome, job.tenant, job.tier, job.rule.to_tier)
 
     @property
     def pending(self) -> int:
@@ -283,7 +305,7 @@ class ShadowSender:
             try:
                 await self.run(job)
             except Exception as err:  # a worker never dies of one job
-                self.stats["failed"] += 1
+                self._job_outcome("failed", job)
                 log.warning("shadow_failed", request_id=job.request_id, error=f"{type(err).__name__}: {err}")
             finally:
                 self._queue.task_done()
@@ -291,7 +313,7 @@ class ShadowSender:
     async def run(self, job: ShadowJob) -> ShadowPair | None:
         """Send, score, store and log one job now (None: skipped under pressure, or the reference failed)."""
         if self.pressure():
-            self.stats["skipped_pressure"] += 1
+            self._job_outcome("skipped_pressure", job)
             return None
         rule = job.rule
         reply = await self.send(rule.to_tier, shadow_body(job.body, rule.to_tier))
@@ -316,9 +338,11 @@ class ShadowSender:
                  agreement=pair.agreement, judge_tier=rule.judge, judge_score=judge_score,
                  shadow_cost_usd=pair.shadow_cost_usd, ttft_ms=reply.ttft_ms, e2e_ms=reply.e2e_ms,
                  prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+        if self.metrics is not None:
+            self.metrics.pair(job.tenant, job.tier, rule.to_tier, pair.agreement, pair.shadow_cost_usd)
         if not served:
-            self.stats["reference_failed"] += 1
+            self._job_outcome("reference_failed", job)
             return None
         await self.store.add(pair, rule.max_pairs)
-        self.stats["stored"] += 1
+        self._job_outcome("stored", job)
         return pair

@@ -5,18 +5,24 @@ LRU, then the Redis embedding cache, then the micro-batched ONNX encoder, whose 
 back to Redis). Usage is the encoder's WordPiece tokens of all the inputs.
 
 Remote (`endpoint: embeddings` with replicas: vLLM `--task embed`, TEI, llama.cpp `--embedding`):
-each distinct input is looked up in Redis by (served model, dimensions, text); only the inputs
-missing go upstream, in one batch, to the ranked replicas in turn (`stages.failover`: another
-replica on a connection error, timeout, 5xx or malformed answer); their vectors are written back
-after the answer, and the response is assembled in input order. Usage is the backend's own count
-of what it encoded now: inputs from the cache cost no tokens.
+each distinct input is looked up in Redis by (served model, dimensions, text); a missing input
+another request of this process is already embedding is awaited from that call (single flight, by
+the same key); only the others go upstream, in one batch, to the ranked replicas in turn
+(`stages.failover`: another replica on a connection error, timeout, 5xx or malformed answer). That
+call is a task of its own: the requests waiting for it get its vectors even if the one that sent it
+leaves; if it fails, each waiter sends the inputs it waited for itself, once, with its own failover
+(an error is then its own). Vectors are written back after the answer, and the response is assembled
+in input order. Usage is the backend's own count of what this request sent: inputs from the cache
+or another request's call cost no tokens.
 
 Either way, an input any gateway replica has embedded is not encoded again, and a request whose
-inputs all came from a cache logs cache "hit" and, like a response cache hit, costs 0.
+inputs all came from a cache (or another request's call) logs cache "hit" and, like a response
+cache hit, costs 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,7 +35,8 @@ from gateway.backends.embeddings import Embedded, embed
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.stats import estimate_tokens
 from gateway.backends.upstream import timeout_of
-from gateway.cache.embeddings import Vectors
+from gateway.cache.embeddings import Vector, Vectors, vector_key
+from gateway.cache.singleflight import SingleFlight
 from gateway.config import Replica
 from gateway.context import RequestContext
 from gateway.metrics import GatewayMetrics
@@ -71,14 +78,16 @@ class EmbedStage:
 
 
 class RemoteEmbeddings:
-    """A remote embedding tier's vectors of a request's inputs: Redis first, then one batch upstream."""
+    """A remote embedding tier's vectors of a request's inputs: Redis first, then the inputs another request
+    of this process is embedding (single flight), then one batch upstream of the rest."""
 
     def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool, metrics: GatewayMetrics,
                  vectors: Vectors | None) -> None:
         self._session = session
         self._pool = pool
         self._metrics = metrics
-        self._vectors = vectors  # None: no Redis, every input goes upstream (repeats within a request once)
+        self._vectors = vectors  # None: no Redis, every input goes upstream (once while it is in flight here)
+        self._flights: SingleFlight[str, Vector] = SingleFlight()  # by `vector_key`: the inputs being embedded
 
     async def embed(self, ctx: RequestContext, texts: list[str]) -> npt.NDArray[np.float32]:
         """Each text's vector, in order; sets the request's cache status and usage."""
@@ -88,18 +97,46 @@ class RemoteEmbeddings:
         distinct = list(dict.fromkeys(texts))
         stored = await self._vectors.get_many(model, dimensions, distinct) if self._vectors else [None] * len(distinct)
         found = {text: vector for text, vector in zip(distinct, stored) if vector is not None}
-        missing = [text for text in distinct if text not in found]
-        ctx.cache = "miss" if missing else "hit"
-        if missing:
-            answer = await self._upstream(ctx, missing, dimensions)
-            found.update(zip(missing, answer.vectors))
-            if self._vectors is not None:
-                self._vectors.put_later(model, dimensions, list(zip(missing, answer.vectors)))
-            if answer.prompt_tokens is not None:
-                ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = answer.prompt_tokens, 0, "backend"
-        else:
+        missing = {vector_key(model, dimensions, text): text for text in distinct if text not in found}
+        answers: list[Embedded] = []  # this request's own upstream answers: its usage, also if a later one fails
+        try:
+            await self._embed_missing(ctx, model, dimensions, missing, found, answers)
+        finally:
+            counted = [answer.prompt_tokens for answer in answers if answer.prompt_tokens is not None]
+            if answers and len(counted) == len(answers):  # else the tier tokenizer counts all the inputs
+                ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = sum(counted), 0, "backend"
+        if not answers:
             ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = 0, 0, "cache"
         return np.array([found[text] for text in texts], dtype=np.float32)
+
+    async def _embed_missing(self, ctx: RequestContext, model: str, dimensions: int, missing: dict[str, str],
+                             found: dict[str, Vector], answers: list[Embedded]) -> None:
+        """Add the vectors of the `missing` texts (by key) to `found`: those another request is embedding from
+        its call, the others from this request's own (appended to `answers`); sets the cache status."""
+        flight = self._flights.join(
+            list(missing), lambda led: self._fetch(ctx, model, dimensions, [missing[key] for key in led]),
+            lambda answer: answer.vectors)
+        ctx.cache = "miss" if flight.fetch is not None else "hit"  # inputs another request embeds are like hits
+        if flight.fetch is not None:  # a task of its own: those who wait for it do even if this request leaves
+            answers.append(await asyncio.shield(flight.fetch))
+            found.update(zip((missing[key] for key in flight.led), answers[-1].vectors))
+        orphans = []  # inputs whose leading request's call failed: sent again by this request, as if alone
+        for key, joined in flight.joined.items():
+            if (vector := await asyncio.shield(joined)) is None:
+                orphans.append(missing[key])
+            else:
+                found[missing[key]] = vector
+        if orphans:
+            ctx.cache = "miss"
+            answers.append(await self._fetch(ctx, model, dimensions, orphans))
+            found.update(zip(orphans, answers[-1].vectors))
+
+    async def _fetch(self, ctx: RequestContext, model: str, dimensions: int, texts: list[str]) -> Embedded:
+        """The vectors of `texts` from upstream, written back to Redis (also when the request has left)."""
+        answer = await self._upstream(ctx, texts, dimensions)
+        if self._vectors is not None:
+            self._vectors.put_later(model, dimensions, list(zip(texts, answer.vectors)))
+        return answer
 
     async def _upstream(self, ctx: RequestContext, texts: list[str], dimensions: int) -> Embedded:
         timeout = timeout_of(ctx.config.routes.upstream)

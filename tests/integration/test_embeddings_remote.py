@@ -2,12 +2,16 @@
 embedding servers, behind the Redis embedding cache, with failover; against a fake embedding server on loopback
 that counts the inputs it was sent."""
 
+import asyncio
 import base64
 import hashlib
+import time
 from pathlib import Path
 from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 import yaml
@@ -17,6 +21,7 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from gateway.app import create_app
+from gateway.cache.singleflight import Flight, SingleFlight
 from gateway.config import Tier
 from gateway.local.redis_server import free_port
 from gateway.testing import TEST_API_KEY, gateway_config, tier
@@ -28,6 +33,8 @@ DIMS = 8
 PRICE = 100.0  # USD per million input tokens: large enough to see
 REPLICA_KEY = "replica-secret"
 Seen = web.AppKey("seen", list[tuple[str, dict[str, Any], str | None]])  # (behaviour, body, Authorization)
+Hold = web.AppKey("hold", asyncio.Event)  # `held` requests answer once it is set
+Failing = web.AppKey("failing", list[int])  # the statuses of the next `held` requests, as they arrive (0: no answer)
 
 
 def vector(text: str) -> list[float]:
@@ -43,12 +50,20 @@ def vectors(data: list[Any]) -> list[list[float]]:
 
 def fake_embedder() -> web.Application:
     """/{behaviour}/v1/embeddings: `ok` answers (usage: the words of the inputs), `down` 503, `refuse` 400,
-    `short` vectors of the wrong length; every request's behaviour, body and Authorization is kept."""
+    `short` vectors of the wrong length, `held` as `ok` (or the next of `Failing`) once `Hold` is set; every
+    request's behaviour, body and Authorization is kept."""
     seen: list[tuple[str, dict[str, Any], str | None]] = []
 
     async def embeddings(request: web.Request) -> web.Response:
         behaviour, body = request.match_info["behaviour"], await request.json()
         seen.append((behaviour, body, request.headers.get("Authorization")))
+        if behaviour == "held":
+            failure = request.app[Failing].pop(0) if request.app[Failing] else None
+            await request.app[Hold].wait()
+            if failure == 0:
+                await asyncio.sleep(3600)  # the gateway gives up first
+            if failure:
+                return web.json_response({"error": {"message": "held, then failed"}}, status=failure)
         if behaviour == "down":
             return web.json_response({"error": {"message": "model is loading"}}, status=503)
         if behaviour == "refuse":
@@ -64,6 +79,7 @@ def fake_embedder() -> web.Application:
     app = web.Application()
     app.router.add_post("/{behaviour}/v1/embeddings", embeddings)
     app[Seen] = seen
+    app[Hold], app[Failing] = asyncio.Event(), []
     return app
 
 
@@ -85,8 +101,9 @@ async def upstream(start_app: StartApp, monkeypatch: pytest.MonkeyPatch) -> tupl
     return await start_app(app), app
 
 
-async def gateway(start_app: StartApp, tiers: list[Tier], redis_url: str | None = None) -> AsyncOpenAI:
-    config = gateway_config([tier("chat", ["http://127.0.0.1:9/v1"]), *tiers])  # the chat tier is never used
+async def gateway(start_app: StartApp, tiers: list[Tier], redis_url: str | None = None,
+                  upstream: dict[str, Any] | None = None) -> AsyncOpenAI:
+    config = gateway_config([tier("chat", ["http://127.0.0.1:9/v1"]), *tiers], upstream=upstream)  # chat: never used
     return AsyncOpenAI(base_url=f"{await start_app(create_app(config, redis_url=redis_url))}/v1",
                        api_key=TEST_API_KEY, max_retries=0)
 
@@ -197,3 +214,126 @@ def test_routes_declare_an_embedding_tier_with_its_dimensions() -> None:
     minilm = Tier.model_validate({"name": "m", "precision": "fp32", "context_window": 256, "embedder": {"kind": "minilm"},
                                   "prices": {"input_per_mtok": 1, "output_per_mtok": 0}})
     assert (minilm.endpoint, minilm.dimensions) == ("embeddings", 384)
+
+
+Joins = list[SingleFlight[Any, Any]]
+
+
+@pytest.fixture
+def joins(monkeypatch: pytest.MonkeyPatch) -> Joins:
+    """The single flight of each request that reached it (its inputs missing from Redis), in order."""
+    calls: Joins = []
+    join = SingleFlight.join
+
+    def counted(self: SingleFlight[Any, Any], keys: Sequence[Any],
+                fetch: Callable[[list[Any]], Coroutine[Any, Any, Any]], values: Callable[[Any], Any]) -> Flight[Any, Any, Any]:
+        calls.append(self)
+        return join(self, keys, fetch, values)
+
+    monkeypatch.setattr(SingleFlight, "join", counted)
+    return calls
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.01)
+
+
+def words(texts: Sequence[str]) -> int:
+    """What the fake reports as usage for `texts`."""
+    return sum(len(text.split()) for text in texts)
+
+
+async def test_concurrent_requests_send_each_input_upstream_once(
+        upstream: tuple[str, web.Application], start_app: StartApp, redis_url: str, joins: Joins) -> None:
+    base, fake = upstream
+    client = await gateway(start_app, [remote_tier("emb", base, ["held"])], redis_url)
+    batches = [["a cat", "a dog sat"], ["a dog sat", "one two three"], ["a cat", "one two three", "a dog sat", "a cat"],
+               ["one two three"], ["four words go here", "a cat"], ["a cat"], ["a dog sat", "a cat"]]
+    distinct = {"a cat", "a dog sat", "one two three", "four words go here"}
+    with capture_logs() as logs:
+        async with asyncio.timeout(10):
+            calls = [asyncio.create_task(client.embeddings.create(model="emb", input=b)) for b in batches]
+            await until(lambda: len(joins) == len(batches))  # each request leads its inputs or waits for them
+            fake[Hold].set()  # no call answered before: Redis held none of them
+            answers = await asyncio.gather(*calls)
+    assert sent(fake) == dict.fromkeys(distinct, 1)  # each distinct input once, whoever asked first
+    for answer, texts in zip(answers, batches):
+        assert [d.index for d in answer.data] == list(range(len(texts)))
+        assert vectors(answer.data) == [vector(t) for t in texts]
+    assert sum(answer.usage.prompt_tokens for answer in answers) == words(list(distinct))  # each billed once
+    lines = await request_lines(logs, len(batches))
+    assert sorted(line["prompt_tokens"] for line in lines) == sorted(a.usage.prompt_tokens for a in answers)
+    for line in lines:  # inputs another request sent are like cache hits: no tokens, no backend
+        sender = line["cache"] == "miss"
+        assert (line["status"], line["backend"], line["usage_source"]) == (
+            200, "emb-0" if sender else None, "backend" if sender else "cache")
+        assert (line["prompt_tokens"] > 0) == sender
+        assert line["cost_usd"] == pytest.approx(line["prompt_tokens"] * PRICE / 1e6)
+    assert sum(line["cache"] == "miss" for line in lines) == len(fake[Seen])  # one call per request that sent any
+    assert len(joins[0]) == 0 and all(flights is joins[0] for flights in joins)  # one per gateway, empty again
+    await stored(redis_url, len(distinct))
+
+
+@pytest.mark.parametrize(("failure", "status"), [(503, 502), (400, 400), (0, 504)],
+                         ids=["upstream_error", "refused", "timeout"])
+async def test_when_the_leading_call_fails_each_waiter_sends_its_inputs_itself(
+        upstream: tuple[str, web.Application], start_app: StartApp, redis_url: str, joins: Joins,
+        failure: int, status: int) -> None:
+    base, fake = upstream
+    fake[Failing].append(failure)  # the first call only
+    client = await gateway(start_app, [remote_tier("emb", base, ["held"])], redis_url, upstream={"read_timeout_s": 1.5})
+    batches = [["shared words"], ["waiter own", "shared words"], ["shared words"]]
+    with capture_logs() as logs:
+        async with asyncio.timeout(10):
+            leader = asyncio.create_task(client.embeddings.create(model="emb", input=["shared words", "leader only"]))
+            await until(lambda: len(fake[Seen]) == 1)
+            waiters = [asyncio.create_task(client.embeddings.create(model="emb", input=b)) for b in batches]
+            await until(lambda: len(joins) == 1 + len(batches))
+            fake[Hold].set()
+            with pytest.raises(APIStatusError) as failed:
+                await leader
+            answers = await asyncio.gather(*waiters)
+    assert failed.value.status_code == status  # the leader's own error, as without single flight
+    for answer, texts in zip(answers, batches):
+        assert vectors(answer.data) == [vector(t) for t in texts]
+    # the failed call, the second waiter's own input, then each waiter's own call of what it waited for (not shared)
+    assert sent(fake) == {"shared words": 1 + len(batches), "leader only": 1, "waiter own": 1}
+    assert [answer.usage.prompt_tokens for answer in answers] == [2, 4, 2]  # what each sent, in one or two calls
+    lines = await request_lines(logs, 1 + len(batches))
+    assert sorted((line["status"], line["cache"], line["attempts"], line["prompt_tokens"]) for line in lines) == sorted(
+        [(status, "miss", 1, 0), (200, "miss", 1, 2), (200, "miss", 2, 4), (200, "miss", 1, 2)])
+    assert [line["cost_usd"] for line in lines if line["status"] == status] == [0.0]  # failures cost nothing
+    assert len(joins[0]) == 0
+
+
+async def test_a_leader_that_disconnects_leaves_its_call_to_the_waiters(
+        upstream: tuple[str, web.Application], start_app: StartApp, redis_url: str, joins: Joins) -> None:
+    base, fake = upstream
+    client = await gateway(start_app, [remote_tier("emb", base, ["held"])], redis_url)
+    batches = [["shared words"], ["waiter own", "shared words", "leader only"]]
+
+    async def lead() -> None:
+        body = {"model": "emb", "input": ["shared words", "leader only"]}
+        async with aiohttp.ClientSession() as session:
+            await session.post(f"{client.base_url}embeddings", json=body, headers={"Authorization": f"Bearer {TEST_API_KEY}"})
+
+    with capture_logs() as logs:
+        async with asyncio.timeout(10):
+            leader = asyncio.create_task(lead())
+            await until(lambda: len(fake[Seen]) == 1)
+            waiters = [asyncio.create_task(client.embeddings.create(model="emb", input=b)) for b in batches]
+            await until(lambda: len(joins) == 1 + len(batches))
+            leader.cancel()  # hang up
+            [left] = await request_lines(logs, 1)  # the gateway saw it go: its handler was cancelled
+            fake[Hold].set()
+            answers = await asyncio.gather(*waiters)
+    assert (left["status"], left["outcome"]) == (499, "client_disconnected")
+    for answer, texts in zip(answers, batches):
+        assert vectors(answer.data) == [vector(t) for t in texts]
+    assert sent(fake) == {"shared words": 1, "leader only": 1, "waiter own": 1}  # the leader's call went on for them
+    assert [answer.usage.prompt_tokens for answer in answers] == [0, 2]
+    await stored(redis_url, 3)  # the call that outlived its request wrote its vectors too
+    assert len(joins[0]) == 0

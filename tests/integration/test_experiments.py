@@ -1,6 +1,7 @@
 """Issue 22 end to end, on emulator tiers whose profiles differ: an experiment's arms, the report's verdict,
 sticky assignment, shadow comparisons (never changing the client's answer, stopping under admission
-pressure, logged with their cost) and feedback (tenant-checked, stored, logged)."""
+pressure, logged with their cost, counted in /metrics as the log lines say) and feedback (tenant-checked,
+stored, logged)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 from redis.asyncio import Redis
+from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from gateway.app import create_app
 from gateway.config import Tier
+from gateway.emulator.faults import FaultConfig
 from gateway.experiments.cli import run_experiments
+from gateway.experiments.shadow import OUTCOMES
+from gateway.metrics import AGREEMENT_BUCKETS
 from gateway.state import GATEWAY, Gateway
 from gateway.testing import TEST_API_KEY, TEST_TENANT, gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
@@ -197,6 +202,82 @@ async def test_shadow_requests_stop_under_admission_pressure(start_emulator: Sta
     assert all(status == 200 for status, _, _ in pressed + calm)
     shadowed = {entry["request_id"] for entry in logs if entry["event"] == "shadow"}
     assert shadowed == {headers["x-request-id"] for _, headers, _ in calm}
+
+
+async def shadow_metrics(session: aiohttp.ClientSession, url: str) -> dict[str, dict[tuple[str, ...], float]]:
+    """The gateway_shadow_* samples of GET /metrics: sample name -> (label values, in label-name order) -> value."""
+    async with session.get(f"{url}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    samples: dict[str, dict[tuple[str, ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("gateway_shadow_") and not sample.name.endswith("_created"):
+                key = tuple(value for _, value in sorted(sample.labels.items()))
+                samples.setdefault(sample.name, {})[key] = sample.value
+    return samples
+
+
+async def test_shadow_outcomes_agreement_and_cost_are_in_metrics_as_the_log_lines_say(
+        start_emulator: StartEmulator, start_app: StartApp, tmp_path: Path) -> None:
+    small, large, busy = await start_emulator(seed=0), await start_emulator(seed=1), await start_emulator("fp16")
+    failing = await start_emulator(faults=FaultConfig(error_rate=1.0))  # a 500 before any byte: nothing to price
+    tiers = [*shadow_tiers(small.url, large.url, busy.url), tier("failing", [f"{failing.url}/v1"])]
+    tenants = [TENANTS[0], {**TENANTS[1], "shadow": {"share": 1.0, "from": "small", "to": "failing"}}]
+    app = create_app(gateway_config(tiers, policy={"shadow": SHADOW, "tenants": tenants}),
+                     shadow_pairs=tmp_path / "pairs.jsonl")
+    url = await start_app(app)
+    gateway = app[GATEWAY]
+    assert gateway.path is not None and gateway.shadow is not None
+    gates = gateway.path.admission.gates
+    with capture_logs() as logs:
+        async with aiohttp.ClientSession() as session:
+            calm = [await chat(session, url, f"calm {i}", stream=i % 2 == 0) for i in range(4)]
+            refused = [await chat(session, url, f"other {i}", key=OTHER_KEY) for i in range(2)]
+            await shadows_done(gateway, logs, len(calm) + len(refused))
+            held = asyncio.create_task(chat(session, url, "a long one", model="busy", stream=True, max_tokens=400,
+                                            min_tokens=400))
+            await until(lambda: "busy" in gates and gates["busy"].in_flight >= gates["busy"].slots)
+            pressed = [await chat(session, url, f"while busy {i}") for i in range(3)]
+            held.cancel()
+            await asyncio.gather(held, return_exceptions=True)
+            await until(lambda: gates["busy"].in_flight == 0)
+            await shadows_done(gateway, logs, len(calm) + len(refused) + len(pressed) + 1)
+            metrics = await shadow_metrics(session, url)
+    assert all(status == 200 for status, _, _ in calm + refused + pressed)
+    shadows = [entry for entry in logs if entry["event"] == "shadow"]
+    ours = [line for line in shadows if line["tenant"] == TEST_TENANT]
+    theirs = [line for line in shadows if line["tenant"] == OTHER_TENANT]
+    assert [line["status"] for line in ours] == [200] * len(calm)
+    assert len(theirs) == len(refused) and all(line["status"] >= 500 for line in theirs)
+    assert {line["request_id"] for line in ours} == {headers["x-request-id"] for _, headers, _ in calm}
+
+    # outcomes: label order (from_tier, outcome, tenant, to_tier); exactly these series, with these counts
+    assert metrics["gateway_shadow_requests_total"] == {
+        ("small", "stored", TEST_TENANT, "large"): len(ours),
+        ("small", "reference_failed", OTHER_TENANT, "failing"): len(theirs),
+        ("small", "skipped_pressure", TEST_TENANT, "large"): len(pressed),
+    }
+    assert {outcome for _, outcome, _, _ in metrics["gateway_shadow_requests_total"]} <= set(OUTCOMES)
+    assert dict(gateway.shadow.stats) == {"sampled": 6, "submitted": 6, "stored": 4, "reference_failed": 2,
+                                          "skipped_pressure": 3}
+
+    # agreement of the stored pairs only (the failed references have none): label order (from_tier, tenant, to_tier)
+    agreements = [line["agreement"] for line in ours]
+    pair = ("small", TEST_TENANT, "large")
+    assert metrics["gateway_shadow_agreement_count"] == {pair: len(ours)}
+    assert metrics["gateway_shadow_agreement_sum"][pair] == pytest.approx(sum(agreements))
+    buckets = {float(le): count for (from_tier, le, *rest), count in metrics["gateway_shadow_agreement_bucket"].items()
+               if (from_tier, *rest) == pair}
+    assert len(buckets) == len(metrics["gateway_shadow_agreement_bucket"]) == len(AGREEMENT_BUCKETS) + 1
+    for bound in AGREEMENT_BUCKETS:
+        assert buckets[bound] == sum(agreement <= bound for agreement in agreements), bound
+    assert buckets[float("inf")] == len(ours)
+
+    # cost: the reference calls' (label order: tenant, to_tier); the failing tier's errors cost nothing
+    assert metrics["gateway_shadow_cost_usd_total"].keys() == {(TEST_TENANT, "large")}
+    spent = metrics["gateway_shadow_cost_usd_total"][(TEST_TENANT, "large")]
+    assert spent > 0 and spent == pytest.approx(sum(line["shadow_cost_usd"] for line in shadows))
 
 
 async def feedback(session: aiohttp.ClientSession, url: str, key: str | None, **body: Any) -> tuple[int, Any]:
