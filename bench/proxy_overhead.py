@@ -57,6 +57,15 @@ def render(result: dict[str, Any]) -> tuple[str, str]:
         rows.append(["CPU per SSE chunk", "bare | gateway", f"{b['cpu_us_per_chunk']:.2f} us",
                      f"{g['cpu_us_per_chunk']:.2f} us",
                      f"ratio {checks['cpu_per_chunk_ratio']['value']:.2f}x; median of {reps}"])
+        if "bare_h1" in cpu:
+            h = cpu["bare_h1"]
+            rows.append(["CPU per request, h1 floor", "bare h1 | gateway", f"{h['cpu_us_per_request']:.0f} us",
+                         f"{g['cpu_us_per_request']:.0f} us",
+                         f"ratio {g['cpu_us_per_request'] / h['cpu_us_per_request']:.2f}x; bare proxy on the "
+                         "gateway's upstream client; not a target"])
+            rows.append(["CPU per SSE chunk, h1 floor", "bare h1 | gateway", f"{h['cpu_us_per_chunk']:.2f} us",
+                         f"{g['cpu_us_per_chunk']:.2f} us",
+                         f"ratio {g['cpu_us_per_chunk'] / h['cpu_us_per_chunk']:.2f}x; not a target"])
         if "with_children_cpu_us_per_request" in g:
             rows.append(["CPU incl. child processes (Redis)", "bare | gateway",
                          f"{b['with_children_cpu_us_per_request']:.0f} us/req",

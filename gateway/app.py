@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway import admin, http
 from gateway.backends import collector
+from gateway.backends.h1 import UpstreamClient
 from gateway.backends.idle import IdleWatchdog
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.probe import Prober
@@ -77,10 +78,11 @@ def create_app(
     app[GATEWAY] = gateway
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
+        # aiohttp's client for the health probes; requests go upstream through `UpstreamClient` (backends/h1.py)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-            writes, watchdog = BackgroundWrites(), IdleWatchdog()
-            gateway.path, sentences = _request_path(gateway, session, redis_url, writes, watchdog, shadow_pairs)
+            writes, watchdog, upstream = BackgroundWrites(), IdleWatchdog(), UpstreamClient()
+            gateway.path, sentences = _request_path(gateway, upstream, redis_url, writes, watchdog, shadow_pairs)
             stop_watching = asyncio.Event()
             idle_sweeps, loops = _background(gateway, session, watchdog, stop_watching)
             try:
@@ -91,6 +93,7 @@ def create_app(
                 await asyncio.gather(*loops)
                 await _close_experiments(gateway)
                 await writes.drain()
+                await upstream.close()
                 if sentences is not None:
                     await sentences.aclose()
                 if gateway.redis is not None:
@@ -104,7 +107,7 @@ def create_app(
     return app
 
 
-def _request_path(gateway: Gateway, session: aiohttp.ClientSession, redis_url: str | None,
+def _request_path(gateway: Gateway, upstream: UpstreamClient, redis_url: str | None,
                   writes: BackgroundWrites, watchdog: IdleWatchdog,
                   shadow_pairs: Path | None = None) -> tuple[RequestPath, CachedEmbedder | None]:
     """The stages over the app's resources (Redis when `redis_url` is set), and the sentence encoder
@@ -123,7 +126,7 @@ def _request_path(gateway: Gateway, session: aiohttp.ClientSession, redis_url: s
     affinity = AffinityStage(pool, prefixes, writes)
     count_tokens = gateway.accountant.count_tokens
     admission = AdmissionStage(pool, metrics, affinity)
-    proxy = ProxyStage(session, pool, watchdog, metrics, count_tokens)
+    proxy = ProxyStage(upstream, pool, watchdog, metrics, count_tokens)
     record_owner, shadow_tap = _experiments(gateway, admission, proxy, shadow_pairs)
     path = RequestPath(
         parse=ParseStage(),
@@ -134,7 +137,7 @@ def _request_path(gateway: Gateway, session: aiohttp.ClientSession, redis_url: s
         affinity=affinity,
         admission=admission,
         embed=EmbedStage(sentences, count_tokens, RemoteEmbeddings(
-            session, pool, metrics, Vectors(gateway.redis, writes) if gateway.redis is not None else None)),
+            upstream, pool, metrics, Vectors(gateway.redis, writes) if gateway.redis is not None else None)),
         proxy=proxy,
         account=gateway.accountant,
     )

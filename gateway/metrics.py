@@ -1,17 +1,20 @@
-"""Prometheus metrics of one gateway app (its own registry: no process-global state)."""
+"""Prometheus metrics of one gateway app (its own registry: no process-global state). The gateway's own
+series are gateway.promfast's lock-free ones, observed on the event loop and rendered on scrape."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.dashboard.series import OutcomeSeries
 from gateway.dashboard.window import LiveWindow
+from gateway.promfast import Counter, CounterChild, Gauge, Histogram, HistogramChild
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 AGREEMENT_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # a cosine at or below 0: le="0.0"
+
+# requests, e2e, ttft, tpot and cost of one (tier, status)
+Series = tuple[CounterChild, HistogramChild, HistogramChild, HistogramChild, CounterChild]
 
 
 class GatewayMetrics:
@@ -71,7 +74,7 @@ class GatewayMetrics:
             "gateway_replicas", "Gateway replicas a limit is shared by while Redis is down (heartbeats, at least "
             "redis.expected_replicas)", registry=self.registry,
         )
-        self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any, Any]] = {}
+        self._children: dict[tuple[str, int], Series] = {}
         self.live = LiveWindow()  # the dashboard's rolling 15 minutes, in process
         self.outcomes = OutcomeSeries(self.registry)  # the same panels for Grafana
         self.shadow = ShadowSeries(self.registry)
@@ -89,8 +92,8 @@ class GatewayMetrics:
         if cost:
             spent.inc(cost)
 
-    def _series(self, tier: str, status: int) -> tuple[Any, Any, Any, Any, Any]:
-        """The labelled children of one (tier, status), looked up once (labels() locks and hashes)."""
+    def _series(self, tier: str, status: int) -> Series:
+        """The labelled children of one (tier, status), looked up once (labels() builds a key)."""
         series = self._children.get((tier, status))
         if series is None:
             key = (tier, str(status))
@@ -121,13 +124,13 @@ class ShadowSeries:
             "gateway_shadow_cost_usd", "Cost of the shadow reference and judge calls in USD (in no tenant's cost)",
             ("tenant", "to_tier"), registry=registry,
         )
-        self._outcomes: dict[tuple[str, str, str, str], Any] = {}
+        self._outcomes: dict[tuple[str, str, str, str], CounterChild] = {}
 
     def outcome(self, tenant: str, from_tier: str, to_tier: str, outcome: str) -> None:
         """One sampled request's end; cheap (a dict lookup): skipped_pressure is counted on the request path."""
         key = (tenant, from_tier, to_tier, outcome)
         child = self._outcomes.get(key)
-        if child is None:  # labels() locks and hashes: once per combination
+        if child is None:  # labels() builds a key: once per combination
             child = self._outcomes[key] = self.requests.labels(*key)
         child.inc()
 

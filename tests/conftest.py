@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 
+import asyncio
+
 import pytest
+import uvloop
 from aiohttp import web
 
 from gateway.app import create_app
@@ -15,6 +18,14 @@ from gateway.emulator.harness import RunningEmulator, serve_emulator
 from gateway.emulator.profiles import get_profile
 from gateway.local.redis_server import EmbeddedRedis
 from gateway.server import running
+
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Async tests run on asyncio's loop; those marked `both_loops` also on uvloop, which the gateway serves on."""
+    return LOOPS if item.get_closest_marker("both_loops") else {"asyncio": LOOPS["asyncio"]}
+
 
 StartEmulator = Callable[..., Awaitable[RunningEmulator]]
 StartGateway = Callable[[GatewayConfig], Awaitable[str]]

@@ -1,6 +1,6 @@
 """An OpenAI-compatible embedding server (vLLM `--task embed`, TEI, llama.cpp `--embedding`): texts in, vectors out.
 
-    answer = await embed(session, replica, ["first text", "second"], 1024, timeout_of(settings))
+    answer = await embed(client, replica, ["first text", "second"], 1024, settings.upstream)
 
 One POST of all the texts to `replica.url + "/embeddings"` under the replica's model name, floats asked
 for (the default everywhere; base64 for the client is encoded by the gateway). An answer that is not
@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import aiohttp
 import numpy as np
 import numpy.typing as npt
 import orjson
 
+from gateway.backends.h1 import UpstreamClient
 from gateway.backends.upstream import Retry, post, read_answer
 from gateway.config import Replica
+from gateway.config.routes import Upstream
 from gateway.errors import UpstreamError
 
 
@@ -29,11 +30,11 @@ class Embedded:
     prompt_tokens: int | None  # the backend's usage; None when it reported none
 
 
-async def embed(session: aiohttp.ClientSession, replica: Replica, texts: Sequence[str], dimensions: int,
-                timeout: aiohttp.ClientTimeout, headers: Mapping[str, str] | None = None) -> Embedded:
+async def embed(client: UpstreamClient, replica: Replica, texts: Sequence[str], dimensions: int,
+                settings: Upstream, headers: Mapping[str, str] | None = None) -> Embedded:
     """The replica's vectors of `texts`; raises `Retry` or the final error as `upstream.post` does."""
     body = orjson.dumps({"model": replica.model, "input": list(texts)})
-    response = await post(session, replica, "/embeddings", body, timeout, headers)
+    response = await post(client, replica, "/embeddings", body, settings, headers)
     try:
         raw = await read_answer(response, replica)
     finally:

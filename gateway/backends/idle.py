@@ -1,8 +1,8 @@
 """One watchdog for every upstream stream's idle timeout.
 
-aiohttp's `sock_read` re-arms a timer on every chunk received; on a stream that is a cancel and a
-heap push per token. After the first byte the relay switches it off, and this task, waking once a
-second, closes the streams that have sent nothing for their `read_timeout_s`.
+A timer per read (`h1.Response.read_timeout`) would be a cancel and a heap push per token. After the
+first byte the relay switches it off, and this task, waking once a second, closes the streams that
+have sent nothing for their `read_timeout_s`.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import aiohttp
 import orjson
 
+from gateway.backends.h1 import ClientFailure, Response
 from gateway.backends.idle import IdleWatchdog
 from gateway.sse import SseScanner, StreamTally
 
@@ -56,7 +56,7 @@ class StreamSink(Protocol):
 class SseRelay:
     def __init__(
         self,
-        response: aiohttp.ClientResponse,
+        response: Response,
         scanner: SseScanner,
         first: bytes,
         sink: StreamSink,
@@ -81,10 +81,7 @@ class SseRelay:
         self._watchdog = watchdog
         self.idle_s = idle_s
         self.last_read = time.monotonic()
-        connection = response.connection
-        if connection is not None and connection.protocol is not None:
-            connection.protocol.read_timeout = None  # the watchdog keeps the idle timeout from here on
-            connection.protocol.start_timeout()  # with no timeout set, this cancels the armed timer
+        response.read_timeout = None  # the watchdog keeps the idle timeout from here on
         watchdog.watch(self)
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -100,9 +97,9 @@ class SseRelay:
                     return  # capped: `close` cancels the upstream
                 if out:
                     yield out
-                data = await self._response.content.readany()
+                data = await self._response.readany()
                 self.last_read = time.monotonic()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        except (ClientFailure, TimeoutError) as err:
             if self._idle:
                 yield self._fail(f"the backend sent nothing for {self.idle_s:g} s", "upstream_idle_timeout")
             else:
@@ -131,8 +128,8 @@ class SseRelay:
 
     async def _read_to_end(self) -> None:
         """After [DONE]: read the upstream to its end (nothing more is forwarded), so its connection is reused."""
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            while await self._response.content.readany():
+        with contextlib.suppress(ClientFailure, TimeoutError):
+            while await self._response.readany():
                 self.last_read = time.monotonic()
 
     def _fail(self, message: str, code: str) -> bytes:
@@ -142,10 +139,7 @@ class SseRelay:
 
     def _drain(self) -> None:
         """Tally what was read from the upstream but never forwarded (the client left): generated, so priced."""
-        try:
-            self._scanner.feed(self._response.content.read_nowait())
-        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):
-            pass  # the stream had failed, or a read is in progress: nothing more to count
+        self._scanner.feed(self._response.read_nowait())
 
     def close(self) -> None:
         """Report what the stream said, and release (or abort) the upstream."""

@@ -1,7 +1,7 @@
 """One HTTP attempt at a replica, whatever it serves: the POST with the replica's own key, its answer read
 in full, and the failures sorted into those worth another replica (`Retry`) and those that are final.
 
-    response = await post(session, replica, "/embeddings", body, timeout_of(settings))  # a 200, or raises
+    response = await post(client, replica, "/embeddings", body, settings.upstream)  # a 200, or raises
     data = await read_answer(response, replica)
 
 Connection errors, timeouts and 408/429/5xx raise `Retry` (the replica's fault: try the next one);
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import aiohttp
 import orjson
 
+from gateway.backends.h1 import ClientFailure, ConnectTimeout, Response, UpstreamClient, header_lines
 from gateway.config import Replica
 from gateway.config.routes import Upstream
 from gateway.errors import GatewayError, UpstreamError, UpstreamOverloaded, UpstreamStatus, UpstreamTimeout
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-JSON_HEADERS = {"Content-Type": "application/json"}
 MAX_ERROR_BODY = 64 * 1024
+_KEYED_HEADERS: dict[str | None, str] = {}  # by the replica's key: the header lines every request to it sends
 
 
 class Retry(Exception):
@@ -33,26 +33,32 @@ class Retry(Exception):
         self.error = error
 
 
-def timeout_of(settings: Upstream) -> aiohttp.ClientTimeout:
-    """Connect within `connect_timeout_s`; each read (the head, then every gap) within `read_timeout_s`."""
-    return aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s,
-                                 sock_read=settings.read_timeout_s)
+def _replica_headers(api_key: str | None) -> str:
+    lines = _KEYED_HEADERS.get(api_key)
+    if lines is None:
+        keyed = {"Content-Type": "application/json"}
+        if api_key is not None:
+            keyed["Authorization"] = f"Bearer {api_key}"
+        lines = _KEYED_HEADERS[api_key] = header_lines(keyed)
+    return lines
 
 
-async def post(session: aiohttp.ClientSession, replica: Replica, path: str, body: bytes,
-               timeout: aiohttp.ClientTimeout, headers: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
+async def post(client: UpstreamClient, replica: Replica, path: str, body: bytes, settings: Upstream,
+               headers: Mapping[str, str] | None = None) -> Response:
     """POST `body` (JSON) to `replica.url + path`, with the replica's own key and `headers` (trace context);
-    the response when it is a 200, else raises `Retry` or the final error."""
-    sent = JSON_HEADERS if replica.api_key is None else {**JSON_HEADERS, "Authorization": f"Bearer {replica.api_key}"}
+    the response when it is a 200, else raises `Retry` or the final error. The connection within
+    `settings.connect_timeout_s`; the head, then each read of the body, within `read_timeout_s`."""
+    lines = _replica_headers(replica.api_key)
     if headers:
-        sent = {**sent, **headers}
+        lines += header_lines(dict(headers))
     try:
-        response = await session.post(replica.url + path, data=body, headers=sent, timeout=timeout)
-    except aiohttp.ConnectionTimeoutError:
+        response = await client.post(replica.url, path, body, lines, connect_s=settings.connect_timeout_s,
+                                     read_s=settings.read_timeout_s)
+    except ConnectTimeout:
         raise Retry(UpstreamTimeout(f"backend {replica.name} did not connect in time")) from None
     except TimeoutError:  # connected, but no response head within read_timeout_s (a stuck or busy backend)
         raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
-    except aiohttp.ClientError as err:
+    except ClientFailure as err:
         raise Retry(UpstreamError(f"backend {replica.name} is unreachable: {type(err).__name__}")) from None
     if response.status == 200:
         return response
@@ -60,26 +66,29 @@ async def post(session: aiohttp.ClientSession, replica: Replica, path: str, body
     raise Retry(error) if response.status in RETRYABLE_STATUS else error
 
 
-async def read_answer(response: aiohttp.ClientResponse, replica: Replica) -> bytes:
+async def read_answer(response: Response, replica: Replica) -> bytes:
     """The whole body of a non-streamed answer (`Retry` when it breaks off or stalls)."""
     try:
         return await response.read()
     except TimeoutError:
         raise Retry(UpstreamTimeout(f"backend {replica.name} did not answer in time")) from None
-    except aiohttp.ClientError as err:
+    except ClientFailure as err:
         raise Retry(UpstreamError(f"backend {replica.name} broke off its answer: {type(err).__name__}")) from None
 
 
-async def status_error(response: aiohttp.ClientResponse, replica: Replica) -> GatewayError:
+async def status_error(response: Response, replica: Replica) -> GatewayError:
     """Turn an upstream non-200 into our error, keeping the upstream's message for 4xx."""
+    raw = b""
     try:
-        raw = await response.content.read(MAX_ERROR_BODY)
-    except (aiohttp.ClientError, TimeoutError):
-        raw = b""
+        while len(raw) < MAX_ERROR_BODY and (chunk := await response.readany()):
+            raw += chunk
+    except ClientFailure:
+        pass
     finally:
         response.release()
+    raw = raw[:MAX_ERROR_BODY]
     message = _message_of(raw)
-    retry_after = response.headers.get("Retry-After")
+    retry_after = response.headers.get("retry-after")
     delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
     if response.status == 429:
         return UpstreamOverloaded(f"backend {replica.name} is rate limiting (429): {message}", retry_after=delay)

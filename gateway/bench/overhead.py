@@ -352,7 +352,7 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
         log("pinning: OFF (" + ("--no-pin" if args.no_pin else f"only {len(os.sched_getaffinity(0))} CPU allowed")
             + ")")
 
-    emu_port, bare_port, gw_port = free_port(), free_port(), free_port()
+    emu_port, bare_port, gw_port, h1_port = free_port(), free_port(), free_port(), free_port()
     # the gateway watches the routes file's folder for hot reload: keep the busy request log elsewhere
     (tmp / "config").mkdir()
     routes = tmp / "config" / "routes.yaml"
@@ -365,6 +365,8 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
     emu = procs.start("emulator", emulator_argv(emu_port, s.profile), load_cpus, tmp / "emulator.out")
     bare = procs.start("bare proxy", bare_proxy_argv(bare_port, f"http://127.0.0.1:{emu_port}"), proxy_cpus,
                        tmp / "bare.out")
+    bare_h1 = procs.start("bare proxy (h1 client)", bare_proxy_argv(h1_port, f"http://127.0.0.1:{emu_port}", "h1"),
+                          proxy_cpus, tmp / "bare-h1.out")
     src = args.gateway_src.resolve() if args.gateway_src else ROOT  # `python -m gateway` imports from its cwd
     policy = next(p for p in (src / "policies" / "emulator.yaml", ROOT / "policies" / "emulator.yaml") if p.exists())
     gw = procs.start("gateway", [sys.executable, "-m", "gateway", "serve", "--routes", str(routes), "--policies",
@@ -372,6 +374,7 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
                                  str(gw_log)], proxy_cpus, tmp / "gateway.out", cwd=src)
     wait_http(f"http://127.0.0.1:{emu_port}/health", emu, "emulator")
     wait_http(f"http://127.0.0.1:{bare_port}/v1/chat/completions", bare, "bare proxy", "POST")
+    wait_http(f"http://127.0.0.1:{h1_port}/v1/chat/completions", bare_h1, "bare proxy (h1 client)", "POST")
     wait_http(f"http://127.0.0.1:{gw_port}/healthz", gw, "gateway")
 
     auth = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
@@ -381,18 +384,20 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
         ProxyPath("bare", f"http://127.0.0.1:{bare_port}/v1/chat/completions", "emulated", plain, bare.pid),
         ProxyPath("gateway", f"http://127.0.0.1:{gw_port}/v1/chat/completions", TIER, auth, gw.pid),
     ]
+    # for CPU only, not in the targets: the bare proxy forwarding with the gateway's own upstream client
+    h1 = ProxyPath("bare_h1", f"http://127.0.0.1:{h1_port}/v1/chat/completions", "emulated", plain, bare_h1.pid)
     timeout = aiohttp.ClientTimeout(total=120, sock_read=30)
     async with contextlib.AsyncExitStack() as stack:
-        for p in paths:
+        for p in [*paths, h1]:
             p.session = await stack.enter_async_context(aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0), timeout=timeout, auto_decompress=False))
-        await smoke(paths)
-        log("smoke test ok on direct, bare, gateway")
-        idle = await idle_cpu(paths[1:], 1.0)
+        await smoke([*paths, h1])
+        log("smoke test ok on direct, bare, gateway, bare_h1")
+        idle = await idle_cpu([*paths[1:], h1], 1.0)
         log("idle CPU: " + ", ".join(f"{k} {v:.2f} ms/s" for k, v in idle.items()))
         ttft: list[TtftPoint] = []
         runs: list[CpuRun] = []
-        other = OtherWork([os.getpid(), emu.pid, bare.pid, gw.pid])
+        other = OtherWork([os.getpid(), emu.pid, bare.pid, gw.pid, bare_h1.pid])
         if args.only in (None, "ttft"):
             log("TTFT (streaming chat, ignore_eos, max_tokens=%d):" % s.ttft_max_tokens)
             with other.phase("ttft", log):
@@ -401,7 +406,7 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
         if args.only in (None, "cpu"):
             log("CPU in the proxy process (median of %d reps):" % s.cpu_reps)
             with other.phase("cpu", log):
-                runs = await measure_cpu(paths[1:], s, log)
+                runs = await measure_cpu([*paths[1:], h1], s, log)
             procs.check_alive()
         profiles: dict[str, Any] = {}
         if args.py_spy:
@@ -412,7 +417,7 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
     gw_lines = sum(1 for _ in gw_log.open("rb")) if gw_log.exists() else 0
     if gw_lines != paths[2].sent:
         log(f"WARNING: the gateway logged {gw_lines} request lines for {paths[2].sent} requests sent")
-    cpu = {name: cpu_summary(runs, name) for name in ("bare", "gateway")} if runs else {}
+    cpu = {name: cpu_summary(runs, name) for name in ("bare", "gateway", "bare_h1")} if runs else {}
     return {
         "benchmark": "proxy_overhead", "machine": host, "settings": asdict(s), "pinned": pin.proxy is not None,
         "other_work": other.phases,

@@ -148,9 +148,11 @@ def emulator_argv(port: int, profile: str = "instant", seed: int = 1) -> list[st
             "--profile", profile, "--seed", str(seed)]
 
 
-def bare_proxy_argv(port: int, upstream: str) -> list[str]:
-    """bench/bare_proxy.py, the floor of proxy overhead, in front of `upstream` (a base URL)."""
-    return [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(port), "--upstream", upstream]
+def bare_proxy_argv(port: int, upstream: str, client: str = "aiohttp") -> list[str]:
+    """bench/bare_proxy.py, the floor of proxy overhead, in front of `upstream` (a base URL); `client`: the
+    upstream client it forwards with (aiohttp's, or the gateway's own `h1`)."""
+    return [sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(port), "--upstream", upstream,
+            "--client", client]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,15 @@
 """The Prometheus series behind the dashboard panels that the request metrics do not cover (response
 cache results, SLO goodput, difficulty, cost and savings per tenant), so that the Grafana board
-(deploy/grafana/) draws the same panels as GET /dashboard. Registered in the app's own registry."""
+(deploy/grafana/) draws the same panels as GET /dashboard. Registered in the app's own registry
+(gateway.promfast's lock-free series: observed on the event loop, rendered on scrape)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
+
+from gateway.promfast import Counter, CounterChild, Histogram
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
@@ -27,13 +30,15 @@ class OutcomeSeries:
                                    ("tenant",), registry=registry)
         self.tenant_saved = Counter("gateway_tenant_saved_usd", "Saved against the baseline tier in USD, by tenant",
                                     ("tenant",), registry=registry)
-        self._children: dict[tuple[str, str, str, bool], tuple[Any, Any, Any, Any]] = {}
+        self._children: dict[tuple[str, str, str, bool], tuple[CounterChild, CounterChild, CounterChild,
+                                                                CounterChild]] = {}
+        self._difficulty = self.difficulty.labels()  # the one series of a metric without labels
 
     def observe(self, ctx: RequestContext, good: bool, saved_usd: float) -> None:
         tier = ctx.tier.name if ctx.tier is not None else "none"
         key = (tier, ctx.tenant_name, ctx.cache, good)
         children = self._children.get(key)
-        if children is None:  # labels() locks and hashes: once per combination
+        if children is None:  # labels() builds a key: once per combination
             children = self._children[key] = (
                 self.cache.labels(ctx.cache), self.slo.labels(tier, "met" if good else "missed"),
                 self.tenant_cost.labels(ctx.tenant_name), self.tenant_saved.labels(ctx.tenant_name))
@@ -45,4 +50,4 @@ class OutcomeSeries:
         if saved_usd > 0:  # a counter only goes up: a request dearer than the baseline saves nothing
             saved.inc(saved_usd)
         if ctx.difficulty is not None:
-            self.difficulty.observe(ctx.difficulty)
+            self._difficulty.observe(ctx.difficulty)

@@ -27,14 +27,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import aiohttp
 import numpy as np
 import numpy.typing as npt
 
 from gateway.backends.embeddings import Embedded, embed
+from gateway.backends.h1 import UpstreamClient
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.stats import estimate_tokens
-from gateway.backends.upstream import timeout_of
 from gateway.cache.embeddings import Vector, Vectors, vector_key
 from gateway.cache.singleflight import SingleFlight
 from gateway.config import Replica
@@ -81,9 +80,9 @@ class RemoteEmbeddings:
     """A remote embedding tier's vectors of a request's inputs: Redis first, then the inputs another request
     of this process is embedding (single flight), then one batch upstream of the rest."""
 
-    def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool, metrics: GatewayMetrics,
+    def __init__(self, client: UpstreamClient, pool: ReplicaPool, metrics: GatewayMetrics,
                  vectors: Vectors | None) -> None:
-        self._session = session
+        self._client = client
         self._pool = pool
         self._metrics = metrics
         self._vectors = vectors  # None: no Redis, every input goes upstream (once while it is in flight here)
@@ -139,13 +138,13 @@ class RemoteEmbeddings:
         return answer
 
     async def _upstream(self, ctx: RequestContext, texts: list[str], dimensions: int) -> Embedded:
-        timeout = timeout_of(ctx.config.routes.upstream)
+        settings = ctx.config.routes.upstream
         headers = ctx.trace.headers() if ctx.trace is not None else None
         tokens = estimate_tokens(sum(len(text) for text in texts))
 
         async def attempt(replica: Replica) -> Embedded:
             with leased(lease(ctx, self._pool, replica, tokens)) as held:
-                answer = await embed(self._session, replica, texts, dimensions, timeout, headers)
+                answer = await embed(self._client, replica, texts, dimensions, settings, headers)
             ctx.upstream_started = True
             answered(ctx, held)  # an embedding is a first token: its latency feeds TTFT and the limiter
             return answer

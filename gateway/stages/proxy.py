@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import orjson
 
+from gateway.backends.h1 import ClientFailure, Response, UpstreamClient
 from gateway.backends.idle import IdleWatchdog
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.relay import SseRelay
-from gateway.backends.upstream import Retry, post, read_answer, timeout_of
+from gateway.backends.upstream import Retry, post, read_answer
 from gateway.config import Replica
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
@@ -34,22 +34,21 @@ PATHS = {"chat": "/chat/completions", "completions": "/completions"}
 
 class ProxyStage:
     def __init__(
-        self, session: aiohttp.ClientSession, pool: ReplicaPool, watchdog: IdleWatchdog, metrics: GatewayMetrics,
+        self, client: UpstreamClient, pool: ReplicaPool, watchdog: IdleWatchdog, metrics: GatewayMetrics,
         count_tokens: Callable[[RequestContext], None],
     ) -> None:
-        self._session = session
+        self._client = client
         self._pool = pool
         self._watchdog = watchdog
         self._metrics = metrics
         self._count_tokens = count_tokens  # the account stage's counts, for a usage chunk the backend left out
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        timeout = timeout_of(ctx.config.routes.upstream)
-        return await failover(ctx, self._pool, self._metrics, lambda replica: self._attempt(ctx, replica, timeout))
+        return await failover(ctx, self._pool, self._metrics, lambda replica: self._attempt(ctx, replica))
 
-    async def _attempt(self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout) -> Reply:
+    async def _attempt(self, ctx: RequestContext, replica: Replica) -> Reply:
         with leased(lease(ctx, self._pool, replica)) as held:
-            response = await self._post(ctx, replica, timeout)
+            response = await self._post(ctx, replica)
             ctx.upstream_started = True
             if not ctx.stream:
                 reply = await _settle_json(ctx, response, replica)
@@ -67,25 +66,23 @@ class ProxyStage:
         return StreamReply(SseRelay(response, scanner, first, sink, self._watchdog, idle_s,
                                     max_tokens=ctx.max_tokens, wants_usage=ctx.client_wants_usage))
 
-    async def _post(
-        self, ctx: RequestContext, replica: Replica, timeout: aiohttp.ClientTimeout
-    ) -> aiohttp.ClientResponse:
+    async def _post(self, ctx: RequestContext, replica: Replica) -> Response:
         native = is_native(ctx)  # a Responses request to a tier serving /responses itself
         body: dict[str, Any] = native_body(ctx, replica.model) if native else {**ctx.body, "model": replica.model}
         if ctx.stream and not native:
             body["stream_options"] = {"include_usage": True}
         # only the replica's own key from config (`upstream.post`): no client header is ever forwarded
-        return await post(self._session, replica, "/responses" if native else PATHS[ctx.endpoint], orjson.dumps(body),
-                          timeout, ctx.trace.headers() if ctx.trace is not None else None)
+        return await post(self._client, replica, "/responses" if native else PATHS[ctx.endpoint], orjson.dumps(body),
+                          ctx.config.routes.upstream, ctx.trace.headers() if ctx.trace is not None else None)
 
 
-async def _first_bytes(response: aiohttp.ClientResponse, replica: Replica) -> bytes:
+async def _first_bytes(response: Response, replica: Replica) -> bytes:
     try:
-        first = await response.content.readany()
+        first = await response.readany()
     except TimeoutError:
         response.close()
         raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
-    except aiohttp.ClientError as err:
+    except ClientFailure as err:
         response.close()
         raise Retry(UpstreamError(f"backend {replica.name} failed before the first byte: {err}")) from None
     if not first:
@@ -94,7 +91,7 @@ async def _first_bytes(response: aiohttp.ClientResponse, replica: Replica) -> by
     return first
 
 
-async def _settle_json(ctx: RequestContext, response: aiohttp.ClientResponse, replica: Replica) -> JsonReply:
+async def _settle_json(ctx: RequestContext, response: Response, replica: Replica) -> JsonReply:
     data = await read_answer(response, replica)
     ctx.first_token_at = time.perf_counter()
     try:

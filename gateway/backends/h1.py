@@ -1,0 +1,399 @@
+"""The upstream hop's HTTP/1.1 client: keep-alive connections to the replicas, each request written in
+one go, each response parsed by llhttp (httptools) into a body buffer the proxy reads.
+
+aiohttp's client cost a fifth of the gateway's CPU per request (URL objects, cookie jar, header
+multidicts, trace hooks, payload writers, a timer re-armed on every read). The hop to a replica needs
+none of that: a POST of JSON with the replica's own key, a JSON or SSE answer back.
+
+    client = UpstreamClient()
+    response = await client.post(replica.url, "/chat/completions", body, headers, connect_s=5, read_s=60)
+    data = await response.read()      # the whole body; the connection goes back to the pool
+    chunk = await response.readany()  # or as it arrives (b"" at the end), then release() or close()
+
+Timeouts work as aiohttp's `sock_connect` / `sock_read`: the connection within `connect_s`, then each
+read (the head, then every gap in the body) within `read_s` until `read_timeout` is set to None (the
+relay's watchdog takes over). A connection reused from the pool that the replica had closed meanwhile
+(it sent not one byte back) is replaced by a new one once, as browsers do. Errors are `ClientFailure`s:
+`ConnectFailed`, `ConnectTimeout` and `ReadTimeout` (both also `TimeoutError`), `UpstreamClosed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the replica pauses (a slow client)
+IDLE_S = 15.0  # an idle pooled connection older than this is closed instead of reused
+ACCEPTED_SCHEMES = ("http", "https")
+
+
+class ClientFailure(Exception):
+    """The hop to the replica failed: no connection, a timeout, a reset, or a malformed response."""
+
+
+class ConnectFailed(ClientFailure):
+    """The replica refused the connection or could not be reached."""
+
+
+class ConnectTimeout(ClientFailure, TimeoutError):
+    """No connection within `connect_s`."""
+
+
+class ReadTimeout(ClientFailure, TimeoutError):
+    """Connected, but the replica sent nothing within `read_s`."""
+
+
+class UpstreamClosed(ClientFailure):
+    """The connection closed or broke before the response ended, or the response was malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a replica's base URL points: the pool key, the Host header and the path prefix."""
+
+    key: tuple[str, str, int]
+    host: str
+    port: int
+    host_header: str
+    path: str
+    tls: ssl.SSLContext | None
+
+    @classmethod
+    def of(cls, url: str) -> Origin:
+        parts = urlsplit(url)
+        if parts.scheme not in ACCEPTED_SCHEMES or not parts.hostname:
+            raise ValueError(f"an upstream URL must be http:// or https:// with a host: {url!r}")
+        tls = ssl.create_default_context() if parts.scheme == "https" else None
+        port = parts.port or (443 if tls else 80)
+        host_header = parts.netloc.rpartition("@")[2]
+        return cls((parts.scheme, parts.hostname, port), parts.hostname, port, host_header,
+                   parts.path.rstrip("/"), tls)
+
+
+class UpstreamClient:
+    """Pooled keep-alive connections per replica origin (no limit on their number, as before)."""
+
+    def __init__(self, idle_s: float = IDLE_S) -> None:
+        self.idle_s = idle_s
+        self._origins: dict[str, Origin] = {}
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._closed = False
+
+    async def post(self, base_url: str, path: str, body: bytes, headers: str, *, connect_s: float,
+                   read_s: float | None) -> Response:
+        """POST `body` to `base_url + path` with `headers` (complete `Name: value\\r\\n` lines, see
+        `header_lines`); the response once its head has arrived, whatever its status."""
+        origin = self._origins.get(base_url)
+        if origin is None:
+            origin = self._origins[base_url] = Origin.of(base_url)
+        head = (f"POST {origin.path}{path} HTTP/1.1\r\nHost: {origin.host_header}\r\n{headers}"
+                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+        connection = self._take(origin.key)
+        if connection is not None:
+            response = Response(connection, read_s)
+            connection.send(head, body, response)
+            try:
+                await response.head()
+                return response
+            except UpstreamClosed:
+                if response.got_bytes:
+                    raise
+                # the replica closed this idle connection as we reused it: once more on a new one
+        connection = await self._connect(origin, connect_s)
+        response = Response(connection, read_s)
+        connection.send(head, body, response)
+        await response.head()
+        return response
+
+    async def _connect(self, origin: Origin, connect_s: float) -> Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await asyncio.wait_for(loop.create_connection(
+                lambda: Connection(self, origin.key, loop), origin.host, origin.port, ssl=origin.tls,
+                server_hostname=origin.host if origin.tls else None), connect_s)
+        except TimeoutError:
+            raise ConnectTimeout(f"no connection to {origin.host}:{origin.port} in {connect_s:g} s") from None
+        except OSError as err:
+            raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {err.strerror or err}") from None
+        return connection
+
+    def _take(self, key: tuple[str, str, int]) -> Connection | None:
+        """The most recently used idle connection to `key` that is still open and fresh."""
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < self.idle_s:
+                return connection
+            connection.abort()
+        return None
+
+    def put(self, connection: Connection) -> None:
+        """Back to the pool: its response ended whole and the replica keeps the connection alive."""
+        if self._closed or connection.closed:
+            connection.abort()
+            return
+        connection.idle_since = time.monotonic()
+        self._idle.setdefault(connection.key, []).append(connection)
+
+    def forget(self, connection: Connection) -> None:
+        """An idle connection the replica closed."""
+        idle = self._idle.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
+
+    def idle_count(self) -> int:
+        return sum(len(idle) for idle in self._idle.values())
+
+    async def close(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.abort()
+        self._idle.clear()
+
+
+def header_lines(headers: dict[str, str]) -> str:
+    """`Name: value\\r\\n` lines for `UpstreamClient.post`; refuses a name or value that would split the head."""
+    lines = []
+    for name, value in headers.items():
+        if any(c in name or c in value for c in "\r\n\0") or ":" in name:
+            raise ValueError(f"header {name!r} has a character HTTP does not allow there")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines)
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection: it feeds the bytes it reads to its current response."""
+
+    def __init__(self, client: UpstreamClient, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.key = key
+        self.loop = loop  # asking asyncio for it costs a getpid() call on Python 3.11
+        self.transport: asyncio.Transport | None = None
+        self.response: Response | None = None
+        self.closed = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is one without subclassing it
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, head: bytes, body: bytes, response: Response) -> None:
+        assert self.transport is not None
+        self.response = response
+        self.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self.transport.write(body)
+
+    def data_received(self, data: bytes) -> None:
+        response = self.response
+        if response is None:  # bytes on an idle connection (a 408 before closing): not ours to read
+            self.abort()
+        else:
+            response.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response.lost(exc)
+        else:
+            self.client.forget(self)
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def done(self, reuse: bool) -> None:
+        """The current response is finished with: pool the connection when `reuse`, else drop it."""
+        self.response = None
+        if reuse:
+            self.client.put(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Response:
+    """One response: its status and headers, then its body as it arrives (httptools calls the `on_*`)."""
+
+    __slots__ = ("status", "headers", "read_timeout", "got_bytes", "_connection", "_parser", "_chunks",
+                 "_buffered", "_paused", "_head_done", "_complete", "_keep_alive", "_error", "_waiter",
+                 "_finished", "_whole")
+
+    def __init__(self, connection: Connection, read_s: float | None) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}  # lower-case names
+        self.read_timeout = read_s  # per read; None: no timeout (a watchdog keeps one)
+        self.got_bytes = False
+        self._connection = connection
+        self._parser = httptools.HttpResponseParser(self)
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._head_done = False
+        self._complete = False
+        self._keep_alive = False
+        self._error: ClientFailure | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._finished = False  # released or closed
+        self._whole = False  # read() wants the whole body: never pause
+
+    # -- fed by the connection ------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._fail(UpstreamClosed(f"malformed response from the replica: {err}"))
+            self._connection.abort()
+
+    def lost(self, exc: Exception | None) -> None:
+        if self._complete:
+            return
+        if self._head_done and exc is None and self._until_close():
+            self._complete = True  # a body delimited by the connection's end
+            self._wake()
+        else:
+            reason = f": {exc}" if exc is not None else ""
+            where = "before its response ended" if self._head_done else "before answering"
+            self._fail(UpstreamClosed(f"the replica closed the connection {where}{reason}"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._head_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._whole and not self._paused:
+            self._paused = True
+            self._connection.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        self._keep_alive = self._parser.should_keep_alive()
+        self._wake()
+
+    # -- read by the proxy ----------------------------------------------------------------------------
+
+    async def head(self) -> None:
+        """Wait for the status line and headers."""
+        while not self._head_done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def read(self) -> bytes:
+        """The whole body; the connection then goes back to the pool."""
+        self._whole = True
+        if self._paused:
+            self._resume()
+        while not self._complete:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        body = self._take()
+        self.release()
+        return body
+
+    async def readany(self) -> bytes:
+        """What has arrived of the body since the last read, waiting for some; b"" at its end."""
+        while not self._chunks:
+            if self._complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        return self._take()
+
+    def read_nowait(self) -> bytes:
+        """What has arrived and was not read yet, without waiting."""
+        return self._take() if self._chunks else b""
+
+    def release(self) -> None:
+        """Done with the response: the connection is reused when the body ended whole (else closed)."""
+        if not self._finished:
+            self._finished = True
+            self._connection.done(self._complete and self._keep_alive and self._error is None)
+
+    def close(self) -> None:
+        """Drop the connection (the replica sees the cancel); a read waiting on it fails."""
+        if not self._finished:
+            self._finished = True
+            self._connection.done(False)
+        if not self._complete:
+            self._fail(UpstreamClosed("the response was closed"))
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _take(self) -> bytes:
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._resume()
+        return data
+
+    def _resume(self) -> None:
+        self._paused = False
+        self._connection.resume_reading()
+
+    def _until_close(self) -> bool:
+        """The body has neither a length nor chunks: it ends when the connection does."""
+        return "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "")
+
+    def _fail(self, error: ClientFailure) -> None:
+        if self._error is None:
+            self._error = error
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        loop = self._connection.loop
+        waiter = self._waiter = loop.create_future()
+        timer = None if self.read_timeout is None else loop.call_at(
+            loop.time() + self.read_timeout, self._time_out, waiter)
+        try:
+            await waiter
+        except BaseException:  # timed out, failed, or cancelled (the client left): the connection is done
+            self.close()
+            raise
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _time_out(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(ReadTimeout(f"the replica sent nothing in {self.read_timeout:g} s"))
