@@ -7,6 +7,8 @@ from datetime import UTC, date, datetime
 from functools import lru_cache
 
 DAY_S = 86400
+_MILLIS = tuple(f".{ms:03d}+00:00" for ms in range(1000))  # the end of every timestamp, made once
+_modf = math.modf
 
 
 @lru_cache(maxsize=4)
@@ -32,8 +34,8 @@ def day_key(ts: float) -> str:
 
 def iso_ms(ts: float) -> str:
     """`ts` as ISO 8601 in UTC with milliseconds, as datetime.isoformat(timespec="milliseconds") writes it."""
-    fraction, whole = math.modf(ts)
+    fraction, whole = _modf(ts)
     micros = round(fraction * 1e6)  # as datetime.fromtimestamp rounds
     if micros >= 1_000_000:
         whole, micros = whole + 1, micros - 1_000_000
-    return f"{_second(int(whole))}.{micros // 1000:03d}+00:00"
+    return _second(int(whole)) + _MILLIS[micros // 1000]

@@ -5,6 +5,10 @@ Lines are written in batches, off the request path: structlog flushes after ever
 `max_bytes`), so a burst of requests costs one write syscall instead of one per line. Nothing is lost
 on shutdown: closing the stream (the CLI does, however serving ends) and interpreter exit write what is
 left; a process killed outright (SIGKILL) loses at most the last `delay_s` of lines.
+
+The request line, one per request, skips structlog's processor chain (`log_request`): the chain's own
+renderer renders it and a BytesLogger on the same stream (and lock) writes it, so its bytes are the ones
+structlog would write.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import asyncio
 import atexit
 import logging
 import sys
-from typing import BinaryIO, Protocol
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol, cast
 
 import orjson
 import structlog
+from structlog.typing import Processor
 
 FLUSH_DELAY_S = 0.02
 FLUSH_BYTES = 64 * 1024
+RENDER = structlog.processors.JSONRenderer(serializer=orjson.dumps)
 
 
 class Sink(Protocol):
@@ -74,18 +81,50 @@ class BatchedStream:
             close()
 
 
+@dataclass(frozen=True, slots=True)
+class _Direct:
+    """How `configure_logging` set structlog up, for `log_request`."""
+
+    chain: list[Processor]  # the list given to structlog (capture_logs swaps its contents in place)
+    configured: list[Processor]  # what it held
+    logger: structlog.BytesLogger
+    info: bool  # the level filter lets INFO through
+
+    def current(self) -> bool:
+        """structlog still runs this chain, unchanged."""
+        return structlog.get_config()["processors"] is self.chain and self.chain == self.configured
+
+
+_direct: _Direct | None = None
+
+
 def configure_logging(stream: BinaryIO | Sink | None = None, level: int = logging.INFO) -> BatchedStream:
     """Every logger renders one JSON object per line to `stream` (stdout by default), written in batches;
     close the returned stream when serving ends."""
+    global _direct
     batched = BatchedStream(stream or sys.stdout.buffer)
+    chain: list[Processor] = [structlog.processors.add_log_level, structlog.processors.format_exc_info, RENDER]
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(serializer=orjson.dumps),
-        ],
+        processors=chain,
         logger_factory=structlog.BytesLoggerFactory(batched),  # type: ignore[arg-type]  # write + flush
         wrapper_class=structlog.make_filtering_bound_logger(level),
         cache_logger_on_first_use=True,  # serving only: tests leave logging unconfigured for capture_logs
     )
+    logger = structlog.BytesLogger(batched)  # type: ignore[arg-type]  # shares the factory's loggers' lock
+    _direct = _Direct(chain, list(chain), logger, level <= logging.INFO)
     return batched
+
+
+def log_request(fields: dict[str, Any]) -> None:
+    """Log the request line: the bytes `log.info("request", **fields)` writes, keys in the same order.
+
+    While structlog runs the chain `configure_logging` set, the line skips it: for these fields (no exc_info)
+    the chain only appends the event and the level before rendering. Otherwise (logging unconfigured, tests
+    capturing logs) it goes through structlog. Takes `fields` over."""
+    direct = _direct
+    if direct is None or not direct.current():
+        structlog.get_logger("gateway.requests").info("request", **fields)
+    elif direct.info:
+        fields["event"] = "request"
+        fields["level"] = "info"
+        direct.logger.msg(cast(bytes, RENDER(direct.logger, "info", fields)))

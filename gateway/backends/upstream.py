@@ -22,6 +22,7 @@ from gateway.errors import GatewayError, UpstreamError, UpstreamOverloaded, Upst
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 MAX_ERROR_BODY = 64 * 1024
+USER_AGENT = "llm-gateway/0.1 (+httptools)"  # some front ends refuse a request without one
 _KEYED_HEADERS: dict[str | None, str] = {}  # by the replica's key: the header lines every request to it sends
 
 
@@ -36,7 +37,7 @@ class Retry(Exception):
 def _replica_headers(api_key: str | None) -> str:
     lines = _KEYED_HEADERS.get(api_key)
     if lines is None:
-        keyed = {"Content-Type": "application/json"}
+        keyed = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
         if api_key is not None:
             keyed["Authorization"] = f"Bearer {api_key}"
         lines = _KEYED_HEADERS[api_key] = header_lines(keyed)

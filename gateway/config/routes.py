@@ -42,16 +42,16 @@ class Prices(Frozen):
         return self
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
-        """USD for the tokens actually processed, rounded to a nano-dollar."""
-        if self.gpu_hour is not None:
-            gpu = self.gpu_hour
+        """USD for the tokens actually processed, rounded to a nano-dollar (per request: attributes read once)."""
+        gpu = self.gpu_hour
+        if gpu is not None:
             seconds = prompt_tokens / gpu.prefill_tokens_per_s + completion_tokens / gpu.decode_tokens_per_s
             return round(seconds * gpu.usd_per_hour / 3600, 9)
-        assert self.input_per_mtok is not None and self.output_per_mtok is not None
-        cached = min(cached_tokens, prompt_tokens)
-        cached_rate = self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
-        total = ((prompt_tokens - cached) * self.input_per_mtok + cached * cached_rate
-                 + completion_tokens * self.output_per_mtok)
+        input_rate, cached_rate, output_rate = self.input_per_mtok, self.cached_input_per_mtok, self.output_per_mtok
+        assert input_rate is not None and output_rate is not None
+        cached = cached_tokens if cached_tokens < prompt_tokens else prompt_tokens
+        total = ((prompt_tokens - cached) * input_rate + cached * (input_rate if cached_rate is None else cached_rate)
+                 + completion_tokens * output_rate)
         return round(total / 1_000_000, 9)
 
 

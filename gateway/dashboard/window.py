@@ -25,13 +25,15 @@ BIN_RATIO = 2 ** 0.25
 LATENCY_BINS = 72
 DIFFICULTY_BINS = 10
 _LOG_RATIO = math.log(BIN_RATIO)
+_log = math.log  # a global, not a module attribute, on the request path
 
 
 def latency_bin(seconds: float) -> int:
     """The bin of a latency: 0 holds everything up to BIN_BASE_S * BIN_RATIO."""
     if seconds <= BIN_BASE_S:
         return 0
-    return min(LATENCY_BINS - 1, int(math.log(seconds / BIN_BASE_S) / _LOG_RATIO))
+    index = int(_log(seconds / BIN_BASE_S) / _LOG_RATIO)
+    return index if index < LATENCY_BINS else LATENCY_BINS - 1
 
 
 def bin_value_s(index: int) -> float:
@@ -94,7 +96,9 @@ class LiveWindow:
                good: bool) -> None:
         """Count one finished request (called by the account stage, for every request)."""
         now = self.clock()
-        slot = self._slot(int(now // SLOT_S))
+        index = int(now // SLOT_S)
+        slots = self.slots
+        slot = slots[-1] if slots and slots[-1].index == index else self._open(index)
         name = ctx.tier.name if ctx.tier is not None else "none"
         tier = slot.tiers.get(name)
         if tier is None:
@@ -113,9 +117,7 @@ class LiveWindow:
             slot.difficulty[min(DIFFICULTY_BINS - 1, int(ctx.difficulty * DIFFICULTY_BINS))] += 1
         self._book(ctx.tenant_name, now, ctx.cost_usd, saved_usd)
 
-    def _slot(self, index: int) -> Slot:
-        if self.slots and self.slots[-1].index == index:
-            return self.slots[-1]
+    def _open(self, index: int) -> Slot:
         slot = Slot(index)
         self.slots.append(slot)
         return slot

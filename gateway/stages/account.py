@@ -9,8 +9,7 @@ import time
 from datetime import date
 from typing import Any
 
-import structlog
-
+from gateway.accounting.log import log_request
 from gateway.clock import iso_ms, utc_day
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
@@ -18,7 +17,6 @@ from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
 from gateway.tokens import TokenCounters
 
-log = structlog.get_logger("gateway.requests")
 NO_ARM: dict[str, Any] = {"experiment": None, "arm": None, "arm_control": None}  # not in an experiment (issue 22)
 
 
@@ -44,41 +42,41 @@ class Accountant:
         if ctx.stream and ctx.first_token_at is not None and completion > 1:
             tpot_s = (now - ctx.first_token_at) / (completion - 1)
         tier = ctx.tier.name if ctx.tier else None
-        log.info(
-            "request",
-            request_id=ctx.request_id,
-            ts=iso_ms(ctx.ts),
-            tenant=ctx.tenant_name,
-            model_requested=ctx.model_requested,
-            difficulty=None if ctx.difficulty is None else round(ctx.difficulty, 4),
-            tier=tier,
-            backend=ctx.replica.name if ctx.replica else None,
-            status=ctx.status,
-            outcome=ctx.outcome,
-            error=ctx.error,
-            stream=ctx.stream,
-            prompt_tokens=ctx.prompt_tokens or 0,
-            completion_tokens=completion,
-            cached_tokens=ctx.cached_tokens,
-            usage_source=ctx.usage_source,
-            ttft_ms=_ms(ttft_s),
-            tpot_ms=_ms(tpot_s),
-            e2e_ms=_ms(e2e_s),
-            queue_ms=round(ctx.queue_ms, 3),
-            predicted_ttft_ms=_ms(ctx.predicted_ttft_s),
-            brownout_from=ctx.brownout_from,
-            attempts=ctx.attempts,
-            prefix_blocks=ctx.prefix_blocks,
-            output_capped=ctx.output_capped,
-            finish_reason=ctx.finish_reason,
-            cache=ctx.cache,
-            cost_usd=cost,
-            avoided_cost_usd=avoided,
-            baseline_cost_usd=baseline,
-            saved_usd=round(baseline - cost, 9),
-            ttft_slo_ms=ctx.tenant.ttft_slo_ms if ctx.tenant else None,
-            **(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM),
-        )
+        fields = {
+            "request_id": ctx.request_id,
+            "ts": iso_ms(ctx.ts),
+            "tenant": ctx.tenant_name,
+            "model_requested": ctx.model_requested,
+            "difficulty": None if ctx.difficulty is None else round(ctx.difficulty, 4),
+            "tier": tier,
+            "backend": ctx.replica.name if ctx.replica else None,
+            "status": ctx.status,
+            "outcome": ctx.outcome,
+            "error": ctx.error,
+            "stream": ctx.stream,
+            "prompt_tokens": ctx.prompt_tokens or 0,
+            "completion_tokens": completion,
+            "cached_tokens": ctx.cached_tokens,
+            "usage_source": ctx.usage_source,
+            "ttft_ms": _ms(ttft_s),
+            "tpot_ms": _ms(tpot_s),
+            "e2e_ms": _ms(e2e_s),
+            "queue_ms": round(ctx.queue_ms, 3),
+            "predicted_ttft_ms": _ms(ctx.predicted_ttft_s),
+            "brownout_from": ctx.brownout_from,
+            "attempts": ctx.attempts,
+            "prefix_blocks": ctx.prefix_blocks,
+            "output_capped": ctx.output_capped,
+            "finish_reason": ctx.finish_reason,
+            "cache": ctx.cache,
+            "cost_usd": cost,
+            "avoided_cost_usd": avoided,
+            "baseline_cost_usd": baseline,
+            "saved_usd": round(baseline - cost, 9),
+            "ttft_slo_ms": ctx.tenant.ttft_slo_ms if ctx.tenant else None,
+        }
+        fields.update(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM)
+        log_request(fields)
         self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
         good = meets_slo(ctx, ttft_s)
         self._metrics.live.record(ctx, ttft_s, tpot_s, baseline - cost, good)
@@ -105,7 +103,8 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
         return 0.0, 0.0, 0.0
     tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
     priced = ctx.tier.price_at(day).cost_usd(*tokens)
-    baseline = ctx.config.baseline.price_at(day).cost_usd(*tokens)
+    base = ctx.config.baseline
+    baseline = priced if base is ctx.tier else base.price_at(day).cost_usd(*tokens)
     return (0.0, priced, baseline) if hit else (priced, 0.0, baseline)
 
 
