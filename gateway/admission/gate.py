@@ -36,11 +36,11 @@ class TierGate:
     def slots(self) -> int:
         """Requests admitted at once: the adaptive limit, at most the backends' batch slots (above
         them a request only waits in a backend's queue, where nothing orders it or keeps its deadline)."""
-        slots = self.limiter.slots
-        return slots if self.capacity is None else min(slots, self.capacity)
+        slots, capacity = self.limiter.slots, self.capacity
+        return capacity if capacity is not None and capacity < slots else slots
 
     def has_room(self) -> bool:
-        return self.in_flight < self.slots and not len(self.queue)
+        return not self.queue and self.in_flight < self.slots
 
     def expected_wait(self, priority: Priority) -> float:
         """Seconds a request of `priority` arriving now would wait for a slot: a slot frees about every
@@ -95,7 +95,7 @@ class TierGate:
 
     def _admit_waiters(self) -> None:
         """Hand free slots to waiters, in the queue's order."""
-        while self.in_flight < self.slots:
+        while self.queue and self.in_flight < self.slots:
             waiter = self.queue.pop(self.settings.batch_share)
             if waiter is None:
                 return

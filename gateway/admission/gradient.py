@@ -40,7 +40,8 @@ class GradientLimit:
 
     @property
     def slots(self) -> int:
-        return max(1, int(self.limit))
+        slots = int(self.limit)
+        return slots if slots > 1 else 1
 
     def on_sample(self, ttft_s: float, in_flight: int, settings: Admission) -> None:
         ttft_s = max(ttft_s, 1e-4)

@@ -27,10 +27,11 @@ class WaitQueue:
     def __init__(self) -> None:
         self._classes: dict[Priority, OrderedDict[str, deque[Waiter]]] = {p: OrderedDict() for p in PRIORITIES}
         self._depth: dict[Priority, int] = {p: 0 for p in PRIORITIES}
+        self._size = 0  # waiters of all classes
         self._grants = 0
 
     def __len__(self) -> int:
-        return sum(self._depth.values())
+        return self._size
 
     def depth(self, priority: Priority) -> int:
         return self._depth[priority]
@@ -42,6 +43,7 @@ class WaitQueue:
     def push(self, waiter: Waiter) -> None:
         self._classes[waiter.priority].setdefault(waiter.tenant, deque()).append(waiter)
         self._depth[waiter.priority] += 1
+        self._size += 1
 
     def remove(self, waiter: Waiter) -> bool:
         tenants = self._classes[waiter.priority]
@@ -52,6 +54,7 @@ class WaitQueue:
         if not line:
             del tenants[waiter.tenant]
         self._depth[waiter.priority] -= 1
+        self._size -= 1
         return True
 
     def pop(self, batch_share: float) -> Waiter | None:
@@ -67,6 +70,7 @@ class WaitQueue:
         else:
             del tenants[tenant]
         self._depth[priority] -= 1
+        self._size -= 1
         return waiter
 
     def _next_class(self, batch_share: float) -> Priority | None:

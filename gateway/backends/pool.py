@@ -44,12 +44,13 @@ class ReplicaPool:
         return self._states
 
     def predict(self, tier: Tier, replica: Replica, tokens: int, cached_tokens: int = 0) -> float:
-        return self.state(replica, tier).predict_ttft(tokens, cached_tokens, self._prior(tier))
+        state = self.state(replica, tier)
+        prior = None if state.tried else self._prior(tier)
+        return state.predict_ttft(tokens, cached_tokens, prior)
 
     def _prior(self, tier: Tier) -> float | None:
         """The fixed TTFT overhead of a replica not tried yet: its tier's mean (None: nothing seen)."""
-        known = [o for r in tier.replicas if (o := self.state(r, tier).overhead_s) is not None]
-        return sum(known) / len(known) if known else None
+        return _mean_overhead([self.state(r, tier) for r in tier.replicas])
 
     def rank(self, tier: Tier, tokens: int, balancing: Balancing) -> tuple[Replica, ...]:
         """The tier's available replicas, best first: lowest predicted TTFT for a prompt of `tokens`;
@@ -58,21 +59,25 @@ class ReplicaPool:
         out (empty: none may be tried now)."""
         if balancing.strategy == "round_robin":
             return self._rotation(tier)
-        prior = self._prior(tier)
-        scored = sorted(
-            ((self.state(r, tier).predict_ttft(tokens, 0, prior), r) for r in tier.replicas
-             if self.state(r, tier).available()),
-            key=lambda pair: (pair[0], self.state(pair[1]).in_flight, self.state(pair[1]).last_pick),
-        )
+        states = [self.state(r, tier) for r in tier.replicas]
+        prior = None if all(s.tried for s in states) else _mean_overhead(states)
+        # (predicted TTFT, in flight, last pick, position, replica): exact ties keep the tier's order
+        scored: list[tuple[float, int, int, int, Replica]] = []
+        for i, (replica, state) in enumerate(zip(tier.replicas, states)):
+            if state.available():
+                scored.append((state.predict_ttft(tokens, 0, prior), state.in_flight, state.last_pick, i, replica))
+        scored.sort()
+        ranked = tuple([entry[-1] for entry in scored])
         if len(scored) < 2 or balancing.near_tie == 0:
-            return tuple(r for _, r in scored)
+            return ranked
         cutoff = scored[0][0] * (1 + balancing.near_tie) + NEAR_TIE_FLOOR_S
-        near = [r for predicted, r in scored if predicted <= cutoff]
+        near = [entry for entry in scored if entry[0] <= cutoff]
         if len(near) < 2:
-            return tuple(r for _, r in scored)
-        drawn = self._random.sample(near, 2)
-        first = min(drawn, key=lambda r: (self.state(r).in_flight, self.state(r).last_pick))
-        return (first, *(r for _, r in scored if r is not first))
+            return ranked
+        one, other = self._random.sample(near, 2)
+        # the less loaded of the two: fewer in flight, then picked longer ago (a full tie: the first drawn)
+        first = (other if (other[1], other[2]) < (one[1], one[2]) else one)[-1]
+        return (first, *(r for r in ranked if r is not first))
 
     def _rotation(self, tier: Tier) -> tuple[Replica, ...]:
         """The available replicas, starting one further along at each call."""
@@ -89,6 +94,11 @@ class ReplicaPool:
     def retry_in(self, tier: Tier) -> float:
         """Seconds until some replica of the tier may be tried again (for Retry-After)."""
         return min((self.state(r, tier).breaker.retry_in() for r in tier.replicas), default=0.0)
+
+
+def _mean_overhead(states: list[ReplicaStats]) -> float | None:
+    known = [o for s in states if (o := s.overhead_s) is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _settle(state: ReplicaStats, tier: Tier) -> None:

@@ -25,6 +25,7 @@ from gateway.backends.breaker import CircuitBreaker
 DEFAULT_PREFILL_TPS = 4000.0
 DEFAULT_OVERHEAD_S = 0.01
 MIN_WORK_SPREAD = 64.0  # tokens: below this standard deviation of work, the slope is not fitted
+MIN_WORK_VARIANCE = MIN_WORK_SPREAD ** 2
 SCRAPE_STALE_S = 10.0
 CHARS_PER_TOKEN = 4
 
@@ -54,13 +55,18 @@ class BackendLoad:
 
 @dataclass(slots=True)
 class TtftFit:
-    """TTFT ≈ a + b × work, fitted from EWMA moments (exponential forgetting)."""
+    """TTFT ≈ a + b × work, fitted from EWMA moments (exponential forgetting). The slope is refitted at
+    each sample (predictions, many per sample, only read it)."""
 
     samples: int = 0
     mean_x: float = 0.0
     mean_y: float = 0.0
     mean_xx: float = 0.0
     mean_xy: float = 0.0
+    _fitted: float | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._fitted = self._fit_slope()
 
     def add(self, work: float, ttft_s: float, alpha: float) -> None:
         weight = 1.0 if self.samples == 0 else alpha
@@ -69,15 +75,26 @@ class TtftFit:
         self.mean_y += weight * (ttft_s - self.mean_y)
         self.mean_xx += weight * (work * work - self.mean_xx)
         self.mean_xy += weight * (work * ttft_s - self.mean_xy)
+        self._fitted = self._fit_slope()
+
+    def _fit_slope(self) -> float | None:
+        """The least-squares slope of the moments; None while too few samples or too little spread of work."""
+        if self.samples < 3:
+            return None
+        variance = self.mean_xx - self.mean_x ** 2
+        if variance < MIN_WORK_VARIANCE:
+            return None
+        slope = (self.mean_xy - self.mean_x * self.mean_y) / variance
+        return slope if slope > 0.0 else 0.0
 
     def slope(self, prior: float) -> float:
-        variance = self.mean_xx - self.mean_x ** 2
-        if self.samples < 3 or variance < MIN_WORK_SPREAD ** 2:
-            return prior
-        return max(0.0, (self.mean_xy - self.mean_x * self.mean_y) / variance)
+        return prior if self._fitted is None else self._fitted
 
     def overhead(self, slope: float) -> float | None:
-        return None if self.samples == 0 else max(0.0, self.mean_y - slope * self.mean_x)
+        if self.samples == 0:
+            return None
+        overhead = self.mean_y - slope * self.mean_x
+        return overhead if overhead > 0.0 else 0.0
 
 
 @dataclass(slots=True)
@@ -98,13 +115,19 @@ class ReplicaStats:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
+    def tried(self) -> bool:
+        """Its own TTFT fit has a sample (else predictions borrow the tier's mean overhead)."""
+        return self.fit.samples > 0
+
+    @property
     def overhead_s(self) -> float | None:
         """The fitted fixed part of TTFT (None before the first sample)."""
         return self.fit.overhead(self.fit.slope(1 / self.prefill_tps))
 
     def work(self, tokens: int, cached_tokens: int = 0) -> int:
         """Prefill tokens ahead of a new request, and its own."""
-        return self.pending_tokens + max(0, tokens - cached_tokens)
+        own = tokens - cached_tokens  # none when the warm prefix covers the whole prompt
+        return self.pending_tokens + (own if own > 0 else 0)
 
     def queue_s(self, now: float | None = None) -> float:
         """The wait in the backend's own queue: what its last fresh /metrics said, or what this
@@ -113,9 +136,9 @@ class ReplicaStats:
         reported = 0.0
         if load.waiting > 0 and load.streak >= 2 and load.fresh(time.monotonic() if now is None else now):
             reported = load.waiting * e2e / max(1.0, load.running)
-        own = 0.0
-        if self.slots is not None and self.in_flight >= self.slots:
-            own = (self.in_flight - self.slots + 1) * e2e / self.slots
+        if self.slots is None or self.in_flight < self.slots:
+            return reported  # no queue of our own
+        own = (self.in_flight - self.slots + 1) * e2e / self.slots
         return max(reported, own)
 
     def observe_load(self, load: BackendLoad) -> None:

@@ -59,12 +59,13 @@ class AdmissionStage:
         predicted = self._predicted(ctx)
         if not gate.has_room() or (slo_s is not None and predicted > slo_s):
             gate, predicted = await self._brownout(ctx, gate, predicted)
-        wait = gate.expected_wait(priority)
-        if slo_s is not None and predicted + wait > slo_s and not self._idle(ctx, wait):
-            self._shed(ctx, gate, Overloaded(
-                f"tier {gate.tier!r} would answer in about {(predicted + wait) * 1000:.0f} ms, over the "
-                f"{slo_s * 1000:.0f} ms TTFT objective of tenant {ctx.tenant_name!r}",
-                code="predicted_slo_miss", retry_after=max(wait, predicted)))
+        if slo_s is not None:
+            wait = gate.expected_wait(priority)
+            if predicted + wait > slo_s and not self._idle(ctx, wait):
+                self._shed(ctx, gate, Overloaded(
+                    f"tier {gate.tier!r} would answer in about {(predicted + wait) * 1000:.0f} ms, over the "
+                    f"{slo_s * 1000:.0f} ms TTFT objective of tenant {ctx.tenant_name!r}",
+                    code="predicted_slo_miss", retry_after=max(wait, predicted)))
         max_wait = slo_s - predicted if slo_s is not None else ctx.config.routes.admission.max_wait_ms / 1000
         try:
             permit = await gate.acquire(ctx.tenant_name, priority, max_wait)

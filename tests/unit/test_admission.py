@@ -105,3 +105,15 @@ def test_millisecond_jitter_on_a_fast_backend_does_not_throttle_it() -> None:
     for i in range(300):  # 12 ms TTFT, now and then 150 ms for a few requests; 3 in flight
         limit.on_sample(0.15 if i % 40 < 8 else 0.012, in_flight=3, settings=SETTINGS)
     assert limit.limit >= SETTINGS.initial_limit
+
+
+async def test_the_queue_length_counts_every_class_through_push_pop_and_remove() -> None:
+    queue = WaitQueue()
+    first, batch, last = waiter("a"), waiter("b", "batch"), waiter("c")
+    for w in (first, batch, last):
+        queue.push(w)
+    assert (len(queue), queue.depth("interactive"), queue.depth("batch"), queue.ahead_of("batch")) == (3, 2, 1, 3)
+    assert queue.remove(batch) and not queue.remove(batch)  # a second remove finds nothing
+    assert (len(queue), queue.ahead_of("batch")) == (2, 2)
+    assert queue.pop(0.0) is first and len(queue) == 1
+    assert queue.remove(last) and len(queue) == 0 and queue.pop(0.0) is None

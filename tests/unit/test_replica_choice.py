@@ -3,7 +3,7 @@
 import time
 
 from gateway.backends.pool import Lease, ReplicaPool
-from gateway.backends.stats import BackendLoad
+from gateway.backends.stats import BackendLoad, TtftFit
 from gateway.config import Replica, Tier
 from gateway.config.routes import Balancing
 from gateway.testing import gateway_config, tier
@@ -140,3 +140,30 @@ def test_a_reload_gives_known_replicas_the_new_tier_settings_and_keeps_what_they
     reloaded = gateway_config([t.model_copy(update={"slots_per_replica": 4, "prefill_tokens_per_s": 1234.0})])
     pool.configure(reloaded.routes)
     assert (pool.state(a).slots, pool.state(a).prefill_tps, pool.state(a).e2e_s) == (4, 1234.0, 2.0)
+
+
+def test_exact_ties_go_to_fewer_in_flight_then_the_least_recently_picked_then_the_tier_order() -> None:
+    pool = ReplicaPool()
+    t = CONFIG.tiers["t"]
+    a, b, c = t.replicas
+    assert pool.rank(t, 100, STRICT) == (a, b, c)  # nothing known: the same prediction for all
+    pool.state(a).in_flight = 1  # no batch slots known: in flight changes no prediction, only the order
+    assert pool.rank(t, 100, STRICT) == (b, c, a)
+    pool.state(b).last_pick = 2
+    assert pool.rank(t, 100, STRICT) == (c, b, a)
+    pool.state(a).in_flight, pool.state(a).last_pick = 0, 1
+    assert pool.rank(t, 100, STRICT) == (c, a, b)
+
+
+def test_the_slope_is_refitted_at_each_sample_and_from_moments_given_whole() -> None:
+    fit, hint = TtftFit(), 1 / 4000
+    for work in (100, 2000, 600):  # observed: 50 ms + 0.5 ms per token
+        assert fit.slope(hint) == hint  # under 3 samples: the tier's hint
+        fit.add(work, 0.05 + 0.0005 * work, alpha=0.5)
+    assert abs(fit.slope(hint) - 0.0005) < 1e-9
+    overhead = fit.overhead(fit.slope(hint))
+    assert overhead is not None and abs(overhead - 0.05) < 1e-9
+    same = TtftFit(fit.samples, fit.mean_x, fit.mean_y, fit.mean_xx, fit.mean_xy)
+    assert same.slope(hint) == fit.slope(hint) and same == fit
+    flat = TtftFit(3, 500.0, 0.3, 500.0 ** 2 + 10.0, 150.0)  # work spread under MIN_WORK_SPREAD
+    assert flat.slope(hint) == hint and TtftFit().overhead(hint) is None
