@@ -41,21 +41,30 @@ _SHADOW_IDS = itertools.count(1)
 SKIPPED_BUSY = 503  # a ShadowReply's status when the reference tier had no free admission slot
 
 
+MAX_KNOWN_OWNERS = 4096  # distinct (tenant, experiment, arm, tier) an OwnerRecorder keeps made
+
+
 class OwnerRecorder:
     """A finisher: remembers who a served request belonged to, for POST /v1/feedback."""
 
-    __slots__ = ("owners",)
+    __slots__ = ("owners", "_known")
 
     def __init__(self, owners: RequestOwners) -> None:
         self.owners = owners
+        self._known: dict[tuple[str, str | None, str | None, str | None], RequestOwner] = {}
 
     def __call__(self, ctx: RequestContext) -> None:
         if ctx.status != 200 or ctx.tenant is None:
             return
         arm = ctx.assignment
-        self.owners.record(ctx.request_id, RequestOwner(
-            ctx.tenant.name, arm.experiment if arm else None, arm.arm if arm else None,
-            ctx.tier.name if ctx.tier else None))
+        key = (ctx.tenant.name, arm.experiment if arm else None, arm.arm if arm else None,
+               ctx.tier.name if ctx.tier else None)
+        owner = self._known.get(key)
+        if owner is None:  # a few per config (tenants x arms x tiers): each made once
+            if len(self._known) >= MAX_KNOWN_OWNERS:
+                self._known.clear()
+            owner = self._known[key] = RequestOwner(*key)
+        self.owners.record(ctx.request_id, owner)
 
 
 class ShadowTap:

@@ -93,13 +93,18 @@ class Limiter:
 
     def book(self, tenant: TenantPolicy, token_delta: int, cost_usd: float) -> None:
         """After the answer: correct the token charge to the tokens used, and add the spend (background)."""
-        now = time.time()
-        position, day = WindowPosition.at(now), day_key(now)
         rate = tenant.rate_limit
-        if rate is not None and rate.tokens_per_min is not None and token_delta:
+        tokens = rate is not None and rate.tokens_per_min is not None and token_delta != 0
+        spend = tenant.daily_budget_usd is not None and cost_usd > 0
+        if not (tokens or spend):  # most requests of most tenants: nothing to book
+            return
+        now = time.time()
+        if tokens:
+            position = WindowPosition.at(now)
             self._windows.adjust(_local_key(tenant, "tok"), token_delta, position)
             self._redis_later(lambda c: c.incrby(_key(tenant, "tok", position.index), token_delta))
-        if tenant.daily_budget_usd is not None and cost_usd > 0:
+        if spend:
+            day = day_key(now)
             self._budgets.add(tenant.name, day, cost_usd)
             budget_key = _budget_key(tenant, day)
             self._redis_later(lambda c: _add_spend(c, budget_key, cost_usd))
