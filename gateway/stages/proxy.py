@@ -69,6 +69,8 @@ class ProxyStage:
     async def _post(self, ctx: RequestContext, replica: Replica) -> Response:
         native = is_native(ctx)  # a Responses request to a tier serving /responses itself
         body: dict[str, Any] = native_body(ctx, replica.model) if native else {**ctx.body, "model": replica.model}
+        if not native and "max_completion_tokens" in body:  # llama-cpp-python reads only max_tokens: without
+            body["max_tokens"] = body["max_completion_tokens"]  # it, a limit asked that way was ignored
         if ctx.stream and not native:
             body["stream_options"] = {"include_usage": True}
         # only the replica's own key from config (`upstream.post`): no client header is ever forwarded

@@ -64,6 +64,21 @@ async def test_non_streaming_chat_real_text_and_usage(client: AsyncOpenAI, model
     assert line["cost_usd"] == pytest.approx((answer.usage.prompt_tokens * 0.05 + 6 * 0.5) / 1e6)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_max_completion_tokens_limits_a_llama_cpp_answer(client: AsyncOpenAI, stream: bool) -> None:
+    """langchain-openai and newer SDK code send `max_completion_tokens`, which llama-cpp-python ignores: the
+    gateway forwards the limit as `max_tokens` too (before, such a request ran to the end of the context)."""
+    with capture_logs() as logs:
+        if stream:
+            chunks = [c async for c in await client.chat.completions.create(
+                model="small-q4", messages=MESSAGES, max_completion_tokens=5, stream=True)]
+            finish = next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices)
+        else:
+            answer = await client.chat.completions.create(model="small-q4", messages=MESSAGES, max_completion_tokens=5)
+            finish = answer.choices[0].finish_reason
+    assert (request_line(logs)["completion_tokens"], finish) == (5, "length")
+
+
 @pytest.mark.parametrize("model", ["auto", "large-f16"])
 async def test_streaming_chat_counts_tokens_llama_cpp_does_not_report(client: AsyncOpenAI, model: str) -> None:
     with capture_logs() as logs:
