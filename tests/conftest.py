@@ -22,7 +22,9 @@ from gateway.server import running
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
-def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Async tests run on asyncio's loop; those marked `both_loops` also on uvloop, which the gateway serves on."""
     return LOOPS if item.get_closest_marker("both_loops") else {"asyncio": LOOPS["asyncio"]}
 

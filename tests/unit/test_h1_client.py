@@ -136,7 +136,7 @@ async def test_a_stale_pooled_connection_is_replaced_once(client: UpstreamClient
         writer.write(answer(b"one"))
         await writer.drain()
         if number == 1:
-            await server.request(reader)  # the reused connection's request: closed unanswered, as a timed-out keep-alive
+            await server.request(reader)  # the reused connection's request: closed unanswered (a keep-alive timeout)
             return
         while await server.request(reader):
             writer.write(answer(b"two"))
