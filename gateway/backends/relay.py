@@ -9,7 +9,6 @@ what was read from the backend, forwarded or not: those tokens were generated an
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
