@@ -38,8 +38,8 @@ class Stack:
 def start_stack(procs: Procs, tmp: Path, routes: Callable[[Sequence[str]], str], policy: str, *, emulators: int = 1,
                 profile: str = "instant", seed: int = 1, redis_url: str | None = None, gw_cpu: int | None = None,
                 gateway_timeout_s: float = 60) -> Stack:
-    """Start `emulators` emulators and a gateway on `routes(emulator base URLs)` and `policy`; wait until
-    all of them answer."""
+    """Start `emulators` emulators, and once they answer a gateway on `routes(emulator base URLs)` and
+    `policy`; wait until it answers too."""
     ports = [free_port() for _ in range(emulators)]
     emus = [procs.start(f"emulator-{i}", emulator_argv(port, profile, seed + i), None, tmp / f"emulator-{i}.out")
             for i, port in enumerate(ports)]
@@ -47,10 +47,10 @@ def start_stack(procs: Procs, tmp: Path, routes: Callable[[Sequence[str]], str],
     config.mkdir(exist_ok=True)
     (config / "routes.yaml").write_text(routes([f"http://127.0.0.1:{port}/v1" for port in ports]))
     (config / "policy.yaml").write_text(policy)
+    for i, (port, proc) in enumerate(zip(ports, emus)):  # before the gateway: its first health probe must pass,
+        wait_http(f"http://127.0.0.1:{port}/health", proc, f"emulator-{i}")  # else it starts with no replica
     gw_port, log = free_port(), tmp / "requests.log"
     gw = procs.start("gateway", gateway_argv(config / "routes.yaml", config / "policy.yaml", gw_port, log, redis_url,
                                              gw_cpu), None, tmp / "gateway.out")
-    for i, (port, proc) in enumerate(zip(ports, emus)):
-        wait_http(f"http://127.0.0.1:{port}/health", proc, f"emulator-{i}")
     wait_gateway(gw_port, gw, gateway_timeout_s)
     return Stack(ports, [e.pid for e in emus], gw_port, gw.pid, log)
