@@ -23,6 +23,7 @@ import asyncio
 import socket
 import ssl
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -30,7 +31,7 @@ from urllib.parse import urlsplit
 import httptools
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the replica pauses (a slow client)
-IDLE_S = 15.0  # an idle pooled connection older than this is closed instead of reused
+IDLE_S = 15.0  # a pooled connection idle this long is closed (when taken, or when another is put back)
 ACCEPTED_SCHEMES = ("http", "https")
 
 
@@ -83,7 +84,7 @@ class UpstreamClient:
     def __init__(self, idle_s: float = IDLE_S) -> None:
         self.idle_s = idle_s
         self._origins: dict[str, Origin] = {}
-        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._idle: dict[tuple[str, str, int], deque[Connection]] = {}  # most recently used last
         self._closed = False
 
     async def post(self, base_url: str, path: str, body: bytes, headers: str, *, connect_s: float,
@@ -140,8 +141,13 @@ class UpstreamClient:
         if self._closed or connection.closed:
             connection.abort()
             return
-        connection.idle_since = time.monotonic()
-        self._idle.setdefault(connection.key, []).append(connection)
+        connection.idle_since = now = time.monotonic()
+        idle = self._idle.get(connection.key)
+        if idle is None:
+            idle = self._idle[connection.key] = deque()
+        idle.append(connection)
+        while idle and now - idle[0].idle_since >= self.idle_s:  # the least recently used, idle too long
+            idle.popleft().abort()
 
     def forget(self, connection: Connection) -> None:
         """An idle connection the replica closed."""

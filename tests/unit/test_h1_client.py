@@ -282,3 +282,25 @@ async def test_a_finished_response_leaves_no_cycle_for_the_gc(client: UpstreamCl
             gc.garbage.clear()
             gc.enable()
     assert cyclic == []
+
+
+async def test_connections_idle_too_long_are_closed_not_kept() -> None:
+    client = UpstreamClient(idle_s=0.2)
+    closed = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        nonlocal closed
+        while await server.request(reader):
+            writer.write(answer(b"{}"))
+        closed += 1
+
+    server = Server(handler)
+    async with server as url:
+        first, second = await asyncio.gather(*(client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)
+                                               for _ in range(2)))
+        await first.read()
+        await asyncio.sleep(0.3)
+        await second.read()  # put back after the first has idled past idle_s: the first is closed
+        await asyncio.sleep(0.1)
+        assert (client.idle_count(), closed) == (1, 1)
+    await client.close()
