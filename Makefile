@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run run-emulated test typecheck bench bench-compare clean chromium loadgen
+.PHONY: run run-emulated test typecheck bench bench-compare clean chromium loadgen nginx
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,12 @@ loadgen:
 	@command -v wrk >/dev/null 2>&1 || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
 	  $$s apt-get update -qq && $$s apt-get install -y -qq wrk >/dev/null; }
 
-test: $(VENV)/.installed chromium loadgen
+# the upstream client's tests against a real server in front of a replica (tests/integration/test_nginx_*.py)
+nginx:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
+	  $$s apt-get update -qq && $$s apt-get install -y -qq nginx >/dev/null; }
+
+test: $(VENV)/.installed chromium loadgen nginx
 	$(BIN)/pytest
 
 typecheck: $(VENV)/.installed
