@@ -20,6 +20,7 @@ relay's watchdog takes over). A connection reused from the pool that the replica
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 import time
@@ -33,6 +34,12 @@ import httptools
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the replica pauses (a slow client)
 IDLE_S = 15.0  # a pooled connection idle this long is closed (when taken, or when another is put back)
 ACCEPTED_SCHEMES = ("http", "https")
+# response heads: aiohttp's client limits (max_line_size, max_field_size: name and value, max_headers)
+MAX_LINE = 8190
+MAX_FIELD = 8190
+MAX_HEADERS = 128
+MAX_HEAD = MAX_LINE + 2 + MAX_HEADERS * (MAX_FIELD + 4) + 2  # what those allow (each interim head too)
+_OBS_FOLD = re.compile(rb"\r\n[ \t]+")  # a folded header line (obs-fold): one space instead (RFC 9112 §5.2)
 
 
 class ClientFailure(Exception):
@@ -166,6 +173,11 @@ class UpstreamClient:
         self._idle.clear()
 
 
+def _is_interim(head: bytes) -> bool:
+    """`HTTP/1.x 1xx ...`: an interim response (its head is all of it: RFC 9112 §6.3)."""
+    return head[9:10] == b"1" and head.startswith(b"HTTP/1.") and head[10:12].isdigit() and head[12:13] in (b" ", b"\r")
+
+
 def header_lines(headers: dict[str, str]) -> str:
     """`Name: value\\r\\n` lines for `UpstreamClient.post`; refuses a name or value that would split the head."""
     lines = []
@@ -242,7 +254,7 @@ class Response:
 
     __slots__ = ("status", "headers", "read_timeout", "got_bytes", "_connection", "_parser", "_chunks",
                  "_buffered", "_paused", "_head_done", "_complete", "_keep_alive", "_error", "_waiter",
-                 "_finished", "_whole")
+                 "_finished", "_whole", "_pending", "_head_fed")
 
     def __init__(self, connection: Connection, read_s: float | None) -> None:
         self.status = 0
@@ -261,6 +273,8 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
         self._finished = False  # released or closed
         self._whole = False  # read() wants the whole body: never pause
+        self._pending = b""  # the start of a head that has not ended yet
+        self._head_fed = False  # the final response's head went to the parser
 
     # -- fed by the connection ------------------------------------------------------------------------
 
@@ -271,11 +285,58 @@ class Response:
             self._keep_alive = False
             self._connection.abort()
             return
+        if not self._head_fed:
+            data = self._final_head(data)
+            if not data:
+                return
         try:
             parser.feed_data(data)
         except httptools.HttpParserError as err:
-            self._fail(UpstreamClosed(f"malformed response from the replica: {err}"))
+            if self._complete:  # bytes after the end in the same read: the response stands, the connection goes
+                self._keep_alive = False
+            else:
+                self._fail(UpstreamClosed(f"malformed response from the replica: {err}"))
             self._connection.abort()
+
+    def _final_head(self, data: bytes) -> bytes:
+        """What the parser gets once the final response's head is whole: interim responses (1xx, RFC 9110
+        §15.2) dropped, folded lines unfolded (RFC 9112 §5.2), sizes checked; b"" while the head is incomplete
+        (kept until the next read) or refused."""
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        while True:
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                if data.count(b"\n") != data.count(b"\r\n"):  # a bare LF: the parser refuses it, let it say so
+                    self._head_fed = True
+                    return data
+                return self._keep_head(data)
+            end += 4
+            line = data.find(b"\r\n")
+            if end > MAX_HEAD or line > MAX_LINE:
+                return self._refuse_head(f"a response head over {MAX_HEAD if end > MAX_HEAD else MAX_LINE} bytes")
+            if not _is_interim(data):
+                self._head_fed = True
+                if data.find(b"\r\n ", 0, end) >= 0 or data.find(b"\r\n\t", 0, end) >= 0:
+                    data = _OBS_FOLD.sub(b" ", data[:end]) + data[end:]
+                return data
+            if data[9:12] == b"101":  # never asked for (no Upgrade header is sent): the connection is not HTTP now
+                return self._refuse_head("the replica switched protocols (101) unasked")
+            data = data[end:]  # 100 Continue, 103 Early Hints...: read and discarded
+            if not data:
+                return b""
+
+    def _keep_head(self, data: bytes) -> bytes:
+        if len(data) > MAX_HEAD:
+            return self._refuse_head(f"a response head over {MAX_HEAD} bytes")
+        self._pending = data
+        return b""
+
+    def _refuse_head(self, reason: str) -> bytes:
+        self._fail(UpstreamClosed(f"malformed response from the replica: {reason}"))
+        self._connection.abort()
+        return b""
 
     def lost(self, exc: Exception | None) -> None:
         if self._complete:
@@ -288,7 +349,13 @@ class Response:
             where = "before its response ended" if self._head_done else "before answering"
             self._fail(UpstreamClosed(f"the replica closed the connection {where}{reason}"))
 
+    def on_message_begin(self) -> None:
+        if self._complete:  # a second response after ours (in the same read): refused, see `feed`
+            raise UpstreamClosed("the replica sent bytes after its response")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > MAX_FIELD or len(self.headers) >= MAX_HEADERS:
+            raise UpstreamClosed(f"a response header over {MAX_FIELD} bytes, or more than {MAX_HEADERS} headers")
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
