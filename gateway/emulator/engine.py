@@ -70,13 +70,17 @@ class Engine:
     def create(
         self, prompt: Seq[str | int], prompt_hash: int, max_tokens: int | None, *,
         ignore_eos: bool = False, min_tokens: int = 0, request_seed: int | None = None,
+        prefill: str | None = None, base_tokens: int = 0,
     ) -> Sequence:
-        """Validate a request and fix its output; raises RequestError."""
+        """Validate a request and fix its output; raises RequestError. `prefill` continues an answer: the
+        request's prompt is a prompt of `base_tokens` tokens (hashed as `prompt_hash`) plus this start of the
+        answer, and the output is what follows it (`_continued`)."""
         p = self.profile
         n_prompt = len(prompt)
         limit = p.max_model_len
         if n_prompt == 0:
             raise RequestError("prompt is empty")
+        given = max_tokens
         if max_tokens is None:
             max_tokens = max(1, min(p.default_max_tokens, limit - n_prompt))
         if n_prompt + max_tokens > limit:
@@ -85,12 +89,33 @@ class Engine:
                 f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the "
                 "completion). Please reduce the length of the messages or completion."
             )
-        rng = tokens.output_rng(self.seed, prompt_hash, request_seed)
-        n_out = physics.draw_output_len(p, rng, max_tokens, ignore_eos, min(min_tokens, max_tokens))
-        seq = Sequence(self._next_id, n_prompt, tokens.block_hashes(prompt, p.block_size),
-                       tokens.draw_tokens(rng, n_out), max_tokens)
+        min_tokens = min(min_tokens, max_tokens)
+        if prefill is None:
+            rng = tokens.output_rng(self.seed, prompt_hash, request_seed)
+            output = tokens.draw_tokens(rng, physics.draw_output_len(p, rng, max_tokens, ignore_eos, min_tokens))
+        else:
+            output = self._continued(prefill, prompt_hash, base_tokens, given, max_tokens, ignore_eos, min_tokens,
+                                     request_seed)
+        seq = Sequence(self._next_id, n_prompt, tokens.block_hashes(prompt, p.block_size), output, max_tokens)
         self._next_id += 1
         return seq
+
+    def _continued(self, prefill: str, prompt_hash: int, base_tokens: int, given: int | None, max_tokens: int,
+                   ignore_eos: bool, min_tokens: int, request_seed: int | None) -> list[int]:
+        """The output after `prefill`. As a greedy model continues its own answer the same way: when `prefill`
+        starts the answer the prompt alone gets (drawn with max_tokens raised by its k tokens, as the request
+        that was cut asked), the rest of that answer; otherwise a draw seeded by the prompt and the prefill."""
+        p = self.profile
+        k = tokens.output_count(prefill)
+        if k is not None:
+            whole = given + k if given is not None else max(1, min(p.default_max_tokens, p.max_model_len - base_tokens))
+            rng = tokens.output_rng(self.seed, prompt_hash, request_seed)
+            n_out = physics.draw_output_len(p, rng, whole, ignore_eos, min(min_tokens + k, whole))
+            answer = tokens.draw_tokens(rng, n_out)
+            if k <= n_out and tokens.detokenize(answer[:k]) == prefill:
+                return answer[k:k + max_tokens]
+        rng = tokens.output_rng(self.seed, tokens.stable_hash(f"{prompt_hash}:{prefill}"), request_seed)
+        return tokens.draw_tokens(rng, physics.draw_output_len(p, rng, max_tokens, ignore_eos, min_tokens))
 
     def enqueue(self, seq: Sequence) -> None:
         """Put a created sequence at the back of the waiting queue."""

@@ -36,7 +36,8 @@ async def _serve(request: web.Request, kind: Kind) -> web.StreamResponse:
     try:
         req = parse_body(await request.read(), kind)
         seq = engine.create(req.prompt, req.prompt_hash, req.max_tokens, ignore_eos=req.ignore_eos,
-                            min_tokens=req.min_tokens, request_seed=req.seed)
+                            min_tokens=req.min_tokens, request_seed=req.seed, prefill=req.prefill,
+                            base_tokens=req.base_tokens)
     except (BadRequest, RequestError) as exc:
         engine.stats.rejected += 1
         return error_response(400, str(exc), "invalid_request_error",

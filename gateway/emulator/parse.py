@@ -34,6 +34,8 @@ class GenRequest:
     ignore_eos: bool
     min_tokens: int
     seed: int | None
+    prefill: str | None = None  # continue_final_message: the start of the answer (the last assistant message)
+    base_tokens: int = 0  # ... and the prompt's tokens before it
 
 
 def render_chat(messages: Any) -> str:
@@ -56,6 +58,20 @@ def render_chat(messages: Any) -> str:
         parts.append(f"<|{m['role']}|>\n{content}\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+def _prefill(body: dict[str, Any], messages: Any) -> str | None:
+    """With vLLM's `continue_final_message: true` (and `add_generation_prompt: false`, as vLLM requires), the
+    last message, an assistant's, is the start of the answer to continue; None without it."""
+    if body.get("continue_final_message") is not True:
+        return None
+    if body.get("add_generation_prompt", True) is not False:
+        raise BadRequest("continue_final_message and add_generation_prompt cannot both be true", "add_generation_prompt")
+    last = messages[-1] if isinstance(messages, list) and len(messages) > 1 else None
+    if not isinstance(last, dict) or last.get("role") != "assistant" or not isinstance(last.get("content"), str):
+        raise BadRequest("continue_final_message needs a last message from the assistant, with text content, "
+                         "after the conversation", "messages")
+    return str(last["content"])
 
 
 def _prompt_tokens(prompt: Any) -> tuple[list[str] | list[int], int]:
@@ -88,10 +104,14 @@ def parse_body(raw: bytes, kind: Kind) -> GenRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model must be a non-empty string", "model")
+    prefill, base_tokens = None, 0
     if kind == "chat":
-        text = render_chat(body.get("messages"))
-        prompt: list[str] | list[int] = tokenize(text)
+        messages = body.get("messages")
+        prefill = _prefill(body, messages)
+        text = render_chat(messages[:-1] if prefill is not None and isinstance(messages, list) else messages)
         phash = stable_hash(text)
+        base_tokens = len(tokenize(text))
+        prompt: list[str] | list[int] = tokenize(text + prefill if prefill is not None else text)
         max_tokens = _opt_int(body, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = _opt_int(body, "max_tokens", 1)
@@ -110,5 +130,5 @@ def parse_body(raw: bytes, kind: Kind) -> GenRequest:
         include_usage=stream and isinstance(opts, dict) and opts.get("include_usage") is True,
         prompt=prompt, prompt_hash=phash, max_tokens=max_tokens,
         ignore_eos=body.get("ignore_eos") is True, min_tokens=_opt_int(body, "min_tokens", 0) or 0,
-        seed=seed,
+        seed=seed, prefill=prefill, base_tokens=base_tokens,
     )

@@ -70,3 +70,12 @@ def draw_tokens(rng: np.random.Generator, n: int) -> list[int]:
 def detokenize(ids: Sequence[int]) -> str:
     """The text of output token ids."""
     return "".join(VOCAB[i] for i in ids)
+
+
+_VOCAB_RE = re.compile(r" \w+|[.,;\n]")
+
+
+def output_count(text: str) -> int | None:
+    """How many output tokens `text` is, when it is made of vocabulary tokens (None: it is not)."""
+    pieces = _VOCAB_RE.findall(text)
+    return len(pieces) if "".join(pieces) == text else None

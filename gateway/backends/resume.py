@@ -1,0 +1,127 @@
+"""Continuing a stream that broke after its first byte: the continuation request, and the splice.
+
+    body = continuation_body("chat", original, text_so_far, max_tokens_left)  # to any replica
+    scanner = ContinuationScanner(previous_scanner, prior_usage)              # its events, spliced
+
+The continuation asks a backend to go on with the answer the client already has. Chat: the original
+messages, then the text relayed so far as the start of the assistant's turn, with `continue_final_message:
+true, add_generation_prompt: false` (vLLM's names; llama.cpp's llama-server reads the same two fields, and
+without them continues a final assistant message anyway; the emulator reads them too). Completions: the
+prompt followed by the text so far. `max_tokens` (and `max_completion_tokens`) drop by the tokens already
+sent. docs/FAULTS.md says what each backend does with it.
+
+`ContinuationScanner` makes the continuation's events look like the rest of the first stream: the same id,
+created and model, the role chunk that opens a chat stream dropped, the tally carried on (so the output cap,
+the finish reason the relay adds, and the collected text count both parts), and the backend's usage chunk
+raised by the earlier parts' tokens (`prior`), so the client sees one usage covering the whole answer.
+Nothing here runs on a stream that never broke.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.backends.h1 import Response
+from gateway.sse import SseScanner, StreamTally
+from gateway.types import Endpoint
+
+HEAD_FIELDS = ("id", "object", "created", "model")
+
+
+def continuation_body(endpoint: Endpoint, body: dict[str, Any], text: str, sent: int,
+                      max_tokens: int | None) -> dict[str, Any]:
+    """The request that continues `body`'s answer after `text` (what the client has: `sent` tokens), for
+    `max_tokens` more."""
+    out = dict(body)
+    if endpoint == "chat":
+        out["messages"] = [*body["messages"], {"role": "assistant", "content": text}]
+        out["continue_final_message"] = True
+        out["add_generation_prompt"] = False
+    else:
+        out["prompt"] = body["prompt"] + text
+        out.pop("echo", None)  # the prompt would come back: the client has it
+    if isinstance(out.get("min_tokens"), int):  # vLLM's: counts the tokens this request generates
+        out["min_tokens"] = max(0, out["min_tokens"] - sent)
+    asked_as_completion = out.pop("max_completion_tokens", None) is not None
+    out.pop("max_tokens", None)
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens  # llama.cpp's servers read only this one
+        if asked_as_completion:
+            out["max_completion_tokens"] = max_tokens
+    return out
+
+
+def not_resumable(endpoint: Endpoint, body: dict[str, Any]) -> str | None:
+    """Why a request's stream may not be continued elsewhere (None: it may)."""
+    n = body.get("n")
+    if isinstance(n, int) and n > 1:
+        return "n > 1"
+    if endpoint == "chat" and body.get("tools") and body.get("tool_choice") != "none":
+        return "the request offers tools (a tool call may be half sent)"
+    if endpoint == "chat" and body.get("functions"):
+        return "the request offers functions (a call may be half sent)"
+    if endpoint == "completions" and not isinstance(body.get("prompt"), str):
+        return "the prompt is not a single string"
+    return None
+
+
+class ContinuationScanner(SseScanner):
+    """Reads a continuation's events as more of the stream `previous` scanned (see the module docstring).
+    `sent` holds, for each part so far (this one last), the tokens the client had before it."""
+
+    def __init__(self, previous: SseScanner, sent: tuple[int, ...]) -> None:
+        super().__init__("chat" if previous._chat else "completions", forward_usage=previous._forward_usage,
+                         limit=previous._limit)
+        self.tally = previous.tally  # one tally for the whole answer
+        self.tally.usage = None
+        self._sent = sent
+        self._head = previous.tally.head
+
+    def _tally_chunk(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        chunk.update(self._head)
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            chunk["usage"] = self._merged(usage)
+        choices = chunk.get("choices")
+        if choices and isinstance(choice := choices[0], dict) and self._chat:
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and "role" in delta:
+                del delta["role"]  # the client had the opening chunk from the first part
+                if not delta.get("content") and not choice.get("finish_reason") and not delta.get("tool_calls") \
+                        and not chunk.get("usage"):
+                    return None
+        return super()._tally_chunk(chunk, b"data: " + orjson.dumps(chunk))
+
+    def _merged(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """The whole answer's usage from this part's: part i read the original prompt P plus the k_i tokens sent
+        before it (this part's prompt is P + k_last), and wrote the tokens up to the next part's k."""
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return usage
+        sent = self._sent
+        original = max(prompt - sent[-1], 0)
+        prompt = original * len(sent) + sum(sent)
+        completion += sent[-1]
+        return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """The next part of a broken stream: its upstream response, the first bytes read from it, the scanner
+    that splices it, and where the relay reports its end."""
+
+    response: Response
+    first: bytes
+    scanner: SseScanner
+    sink: Any  # a relay.StreamSink (typed there: relay imports this module)
+
+
+class Resumer(Protocol):
+    """Continues one request's broken stream elsewhere (the proxy stage builds it per request)."""
+
+    async def resume(self, scanner: SseScanner, code: str) -> Continuation | str:
+        """The stream `scanner` read broke (`code`): its continuation, or why there is none."""
+        ...
