@@ -5,6 +5,12 @@ plain Python numbers instead, and turn them into metric families only when /metr
 the same CollectorRegistry: the exposition is prometheus_client's (names, HELP, labels, buckets, _total,
 _bucket/_count/_sum and _created samples alike).
 
+What prometheus_client decides, these take from it rather than copy it: the names (a counter declared
+`x_total` is exposed as `x_total`, not `x_total_total`), which metric and label names are refused (`__`
+prefixes, `le` on a histogram), the label values (str() of each: 1, True and 1.0 are three series), and
+whether `_created` series are written (PROMETHEUS_DISABLE_CREATED_SERIES, `disable_created_metrics()`).
+A NaN observation goes where prometheus_client puts it: into the sum, in no bucket (and so not in the count).
+
 Not thread-safe, on purpose: `x += v` can lose an update between threads. Every observation (and every
 scrape) runs on the event loop's thread: the request stages, admission gates, the limiter, and the shadow
 sender, whose coroutines record outcomes and pairs on the loop (its BackgroundEncoder thread only embeds).
@@ -16,14 +22,27 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
+from prometheus_client import metrics as _client
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import INF, floatToGoString
+from prometheus_client.validation import _validate_labelnames, _validate_metric_name
 
-_le_text: Callable[[float], str] = floatToGoString  # untyped upstream: how prometheus_client writes `le`
+# prometheus_client's own rules (untyped upstream, pinned in pyproject.toml): how it writes `le`, names a metric
+# (a counter's `_total` cut off: the exposition adds it back), and checks metric and label names
+_le_text: Callable[[float], str] = floatToGoString
+_full_name: Callable[[str, str, str, str, str], str] = _client._build_full_name
+_check_metric_name: Callable[[str], None] = _validate_metric_name
+_check_labelnames: Callable[[object, Sequence[str]], tuple[str, ...]] = _validate_labelnames
+
+
+def created_series() -> bool:
+    """Whether `_created` samples are written: prometheus_client's switch, read at each scrape (off with
+    PROMETHEUS_DISABLE_CREATED_SERIES=true at import, or prometheus_client.disable_created_metrics())."""
+    return bool(_client._use_created)
 
 
 class CounterChild:
@@ -78,7 +97,8 @@ class HistogramChild:
         self.created = time.time()
 
     def observe(self, amount: float) -> None:
-        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount: le is inclusive
+        if amount == amount:  # not NaN: the first bound >= amount (le is inclusive); NaN only in the sum
+            self.counts[bisect_left(self.bounds, amount)] += 1
         self.sum += amount
 
 
@@ -89,11 +109,14 @@ class _Family(Collector, Generic[Child]):
     """A metric's series by label values, registered in `registry` as a collector of its own."""
 
     kind = ""
+    _reserved_labelnames: tuple[str, ...] = ()  # read by prometheus_client's check
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.name = _full_name(self.kind, name, "", "", "")
+        self.documentation = documentation
+        self.labelnames = _check_labelnames(self, labelnames)
+        _check_metric_name(self.name)
         self._series: dict[tuple[str, ...], Child] = {}  # by label values as exposed, in creation order
-        self._children: dict[tuple[object, ...], Child] = {}  # by label values as given (labels() is hot)
         self._solo: Child | None = None if self.labelnames else self.labels()
         registry.register(self)
 
@@ -104,16 +127,19 @@ class _Family(Collector, Generic[Child]):
         raise NotImplementedError
 
     def labels(self, *values: object) -> Child:
-        """The series of these label values, created on first use (no values: a metric without labels)."""
-        child = self._children.get(values)
+        """The series of these label values, created on first use (no values: a metric without labels).
+        Each value is exposed as its str(), as prometheus_client does: 1, True and 1.0 are equal as keys
+        but three series, so only a tuple of exact strings is looked up as given."""
+        key = cast("tuple[str, ...]", values)
+        for value in values:
+            if type(value) is not str:
+                key = tuple([str(value) for value in values])
+                break
+        child = self._series.get(key)
         if child is None:
-            if len(values) != len(self.labelnames):
+            if len(key) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values!r}")
-            key = tuple(str(value) for value in values)
-            child = self._series.get(key)
-            if child is None:
-                child = self._series[key] = self._new_child()
-            self._children[values] = child
+            child = self._series[key] = self._new_child()
         return child
 
     def _only(self) -> Child:
@@ -148,7 +174,8 @@ class Counter(_Family[CounterChild]):
 
     def _add_samples(self, metric: Metric, labels: dict[str, str], child: CounterChild) -> None:
         metric.add_sample(self.name + "_total", labels, child.value)
-        metric.add_sample(self.name + "_created", labels, child.created)
+        if created_series():
+            metric.add_sample(self.name + "_created", labels, child.created)
 
 
 class Gauge(_Family[GaugeChild]):
@@ -184,16 +211,17 @@ class Histogram(_Family[HistogramChild]):
     `_sum` and `_created` like prometheus_client's."""
 
     kind = "histogram"
+    _reserved_labelnames = ("le",)
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
                  buckets: Sequence[float], registry: CollectorRegistry) -> None:
         bounds = [float(bound) for bound in buckets]
-        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
-            raise ValueError(f"{name}: buckets not in ascending order")
-        if not bounds or bounds[-1] != INF:
+        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):  # (prometheus_client allows a repeated
+            raise ValueError(f"{name}: buckets not in ascending order")  # bound: a duplicate series Prometheus refuses)
+        if bounds and bounds[-1] != INF:
             bounds.append(INF)
-        if "le" in labelnames:
-            raise ValueError(f"{name}: 'le' is reserved for the buckets")
+        if len(bounds) < 2:
+            raise ValueError(f"{name}: at least one bucket below +Inf is needed")
         self.bounds = tuple(bounds)
         self._le = tuple(_le_text(bound) for bound in bounds)
         super().__init__(name, documentation, labelnames, registry)
@@ -212,4 +240,5 @@ class Histogram(_Family[HistogramChild]):
         metric.add_sample(self.name + "_count", labels, float(total))
         if self.bounds[0] >= 0:  # as prometheus_client: a sum with negative buckets is no counter
             metric.add_sample(self.name + "_sum", labels, child.sum)
-        metric.add_sample(self.name + "_created", labels, child.created)
+        if created_series():
+            metric.add_sample(self.name + "_created", labels, child.created)

@@ -3,7 +3,10 @@ same observations (the _created timestamps aside), and refuse what prometheus_cl
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import prometheus_client
@@ -96,3 +99,18 @@ def test_the_gateway_metrics_render_every_family_before_any_request() -> None:
     for name in ("gateway_requests_total counter", "gateway_ttft_seconds histogram", "gateway_replicas gauge",
                  "gateway_tenant_saved_usd_total counter", "gateway_shadow_agreement histogram"):
         assert f"# TYPE {name}\n" in text
+
+
+@pytest.mark.parametrize("disabled", ["true", "1", "False", None])
+def test_prometheus_disable_created_series_is_read_as_prometheus_client_reads_it(disabled: str | None) -> None:
+    """The variable is read by prometheus_client at import: a process of its own for each value."""
+    code = ("from prometheus_client import CollectorRegistry, generate_latest\nfrom gateway import promfast\n"
+            "registry = CollectorRegistry()\npromfast.Counter('c_total', 'C', registry=registry).inc()\n"
+            "promfast.Histogram('h', 'H', buckets=(1.0,), registry=registry).observe(0.5)\n"
+            "print(generate_latest(registry).decode())")
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_DISABLE_CREATED_SERIES"}
+    if disabled is not None:
+        env["PROMETHEUS_DISABLE_CREATED_SERIES"] = disabled
+    text = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "c_total 1.0\n" in text and 'h_bucket{le="1.0"} 1.0\n' in text
+    assert ("_created" not in text) == (disabled in ("true", "1"))
