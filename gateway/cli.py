@@ -119,8 +119,13 @@ def _parser() -> argparse.ArgumentParser:
     explain.set_defaults(handler=_route_explain)
 
     policy = commands.add_parser("policy", help="policy file tools").add_subparsers()
-    check = policy.add_parser("check", help="validate routes and policy files (exit 1 if any is invalid)")
-    check.add_argument("paths", nargs="+", type=Path)
+    check = policy.add_parser(
+        "check", help="validate routes and policy files as the server does, cross-file rules included (exit 1 if "
+        "any is invalid)", description="Each policy is checked with --routes, else the routes file of the same name "
+        "among PATHS, else the only routes file among them, else routes/<its name> beside its folder; without one, "
+        "the output says which cross-file checks were skipped.")
+    check.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="routes and policy files")
+    check.add_argument("--routes", type=Path, metavar="FILE", help="check every policy against this routes file")
     check.set_defaults(handler=_policy_check)
     schema = policy.add_parser("schema", help="print the JSON Schema of policy (or routes) files, for editors")
     schema.add_argument("--routes", action="store_true", help="the routes file schema instead")
@@ -332,14 +337,9 @@ def _policy_schema(args: argparse.Namespace) -> int:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
-    from gateway.config import check_file
+    from gateway.config.check import check_paths
 
-    bad = 0
-    for path in args.paths:
-        issues = check_file(path)
-        for issue in issues:
-            print(issue)
-        bad += bool(issues)
-        if not issues:
-            print(f"{path}: ok")
-    return 1 if bad else 0
+    results = check_paths(args.paths, args.routes)
+    for result in results:
+        print("\n".join(result.lines()))
+    return 1 if any(result.issues for result in results) else 0

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from gateway.config.loader import ConfigError, ConfigIssue, check_file, load_policy, load_routes
+from gateway.config.loader import ConfigError, ConfigIssue, check_file, load_policy, load_routes, locate
 from gateway.config.policies import MaxTokens, PolicyConfig, Tenant
 from gateway.config.routes import Replica, RoutesConfig, Tier
 from gateway.config.tenants import TenantPolicy, compile_tenants
@@ -27,6 +27,7 @@ __all__ = [
     "TenantPolicy",
     "Tier",
     "check_file",
+    "check_policy_alone",
     "load_config",
 ]
 
@@ -44,13 +45,17 @@ class GatewayConfig:
 
     @classmethod
     def build(cls, routes: RoutesConfig, policy: PolicyConfig, version: str = "inline") -> GatewayConfig:
-        """Cross-check a routes and a policy config and index them for the request path."""
+        """Cross-check a routes and a policy config and index them for the request path (every issue of the
+        policy is reported at once: its tier names, then its tenants' own rules)."""
         tiers = {t.name: t for t in routes.tiers}
         issues = [ConfigIssue("policy", None, field, repr(name), f"no such tier in routes (have {', '.join(tiers)})")
-                  for field, name in _tier_references(policy) if name not in tiers]
+                  for field, name in tier_references(policy) if name not in tiers]
+        try:
+            by_hash, anonymous = compile_tenants(policy)
+        except ConfigError as err:
+            raise ConfigError([*issues, *err.issues]) from None
         if issues:
             raise ConfigError(issues)
-        by_hash, anonymous = compile_tenants(policy)
         baseline = tiers[policy.baseline_tier] if policy.baseline_tier else max(routes.tiers, key=_output_price)
         return cls(routes, policy, MappingProxyType(tiers), MappingProxyType(by_hash), anonymous, baseline, version,
                    time.time())
@@ -61,7 +66,7 @@ def _output_price(tier: Tier) -> float:
     return tier.price_at(datetime.now(UTC).date()).cost_usd(0, 1_000_000)
 
 
-def _tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:
+def tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:
     """(field, tier name) for every tier a policy names, at the top level and in each tenant."""
     refs: list[tuple[str, str]] = [("baseline_tier", policy.baseline_tier)] if policy.baseline_tier else []
     for prefix, limits in [("", policy), *((f"tenants[{i}].", t) for i, t in enumerate(policy.tenants))]:
@@ -75,9 +80,21 @@ def _tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:
 
 
 def load_config(routes_path: str | Path, policy_path: str | Path) -> GatewayConfig:
+    """What the server runs at start and on every reload (and `gateway policy check` with a routes file): each
+    file validated alone, then the policy against the routes; every issue names file, line, field and value."""
     routes, policy = load_routes(routes_path), load_policy(policy_path)
     digest = hashlib.sha256(Path(routes_path).read_bytes() + Path(policy_path).read_bytes())
     try:
         return GatewayConfig.build(routes, policy, digest.hexdigest()[:12])
     except ConfigError as err:
-        raise ConfigError([ConfigIssue(str(policy_path), None, i.field, i.value, i.reason) for i in err.issues]) from None
+        raise locate(err, policy_path) from None
+
+
+def check_policy_alone(policy_path: str | Path) -> None:
+    """The policy's own rules, those `GatewayConfig.build` checks that need no routes file (tenants' allowed
+    tiers against their tier maps and arms, one classifier); raises a located ConfigError."""
+    policy = load_policy(policy_path)
+    try:
+        compile_tenants(policy)
+    except ConfigError as err:
+        raise locate(err, policy_path) from None

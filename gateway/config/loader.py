@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import re
+
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -57,6 +59,14 @@ def check_file(path: str | Path) -> list[ConfigIssue]:
     return []
 
 
+def locate(err: ConfigError, file: str | Path) -> ConfigError:
+    """`err`'s issues placed in `file` (a policy the cross-file rules refused), each with the line of its field."""
+    path = Path(file)
+    _, node = _read(path)
+    return ConfigError([ConfigIssue(str(path), issue.line or _line_of_field(node, issue.field), issue.field,
+                                    issue.value, issue.reason) for issue in err.issues])
+
+
 def _load(model: type[Model], file: Path) -> Model:
     data, node = _read(file)
     try:
@@ -93,6 +103,37 @@ def _issue(file: Path, node: yaml.Node | None, error: Any) -> ConfigIssue:
     if len(shown) > 80:
         shown = shown[:77] + "..."
     return ConfigIssue(str(file), _line_of(node, loc), field, shown, error["msg"])
+
+
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def _line_of_field(node: yaml.Node | None, field: str) -> int | None:
+    """The 1-based line of a field named like `tenants[0].tier_map.llama-3.1` (a key may hold dots: the longest
+    key that fits wins), or of its closest existing parent."""
+    if node is None:
+        return None
+    rest = field
+    while rest:
+        child: yaml.Node | None = None
+        taken = 0
+        index = _INDEX.match(rest)
+        if isinstance(node, yaml.SequenceNode) and index and int(index[1]) < len(node.value):
+            child, taken = node.value[int(index[1])], index.end()
+        elif isinstance(node, yaml.MappingNode):
+            fits = [(str(k.value), v) for k, v in node.value
+                    if isinstance(getattr(k, "value", None), str) and _heads(rest, str(k.value))]
+            if fits:
+                key, child = max(fits, key=lambda pair: len(pair[0]))
+                taken = len(key)
+        if child is None:
+            break
+        node, rest = child, rest[taken:].removeprefix(".")
+    return node.start_mark.line + 1
+
+
+def _heads(field: str, key: str) -> bool:
+    return field == key or field.startswith((key + ".", key + "["))
 
 
 def _line_of(node: yaml.Node | None, loc: Loc) -> int | None:
