@@ -39,6 +39,8 @@ MAX_LINE = 8190
 MAX_FIELD = 8190
 MAX_HEADERS = 128
 MAX_HEAD = MAX_LINE + 2 + MAX_HEADERS * (MAX_FIELD + 4) + 2  # what those allow (each interim head too)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 §5.6.2)
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # a header value: no CR, LF, NUL, DEL, nothing past Latin-1
 _OBS_FOLD = re.compile(rb"\r\n[ \t]+")  # a folded header line (obs-fold): one space instead (RFC 9112 §5.2)
 
 
@@ -71,6 +73,7 @@ class Origin:
     port: int
     host_header: str
     path: str
+    query: str  # "?api-version=..." of the base URL (Azure OpenAI-style endpoints need it), or ""
     tls: ssl.SSLContext | None
 
     @classmethod
@@ -81,8 +84,10 @@ class Origin:
         tls = ssl.create_default_context() if parts.scheme == "https" else None
         port = parts.port or (443 if tls else 80)
         host_header = parts.netloc.rpartition("@")[2]
-        return cls((parts.scheme, parts.hostname, port), parts.hostname, port, host_header,
-                   parts.path.rstrip("/"), tls)
+        path, query = parts.path.rstrip("/"), f"?{parts.query}" if parts.query else ""
+        if not _is_target(host_header + path + query):
+            raise ValueError(f"an upstream URL must be printable ASCII without spaces: {url!r}")
+        return cls((parts.scheme, parts.hostname, port), parts.hostname, port, host_header, path, query, tls)
 
 
 class UpstreamClient:
@@ -101,8 +106,10 @@ class UpstreamClient:
         origin = self._origins.get(base_url)
         if origin is None:
             origin = self._origins[base_url] = Origin.of(base_url)
-        head = (f"POST {origin.path}{path} HTTP/1.1\r\nHost: {origin.host_header}\r\n{headers}"
-                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+        if not _is_target(path):
+            raise ValueError(f"a request path must be printable ASCII without spaces: {path!r}")
+        head = (f"POST {origin.path}{path}{origin.query} HTTP/1.1\r\nHost: {origin.host_header}\r\n{headers}"
+                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")  # `header_lines` checked them
         connection = self._take(origin.key)
         if connection is not None:
             response = Response(connection, read_s)
@@ -178,12 +185,23 @@ def _is_interim(head: bytes) -> bool:
     return head[9:10] == b"1" and head.startswith(b"HTTP/1.") and head[10:12].isdigit() and head[12:13] in (b" ", b"\r")
 
 
+def _is_target(text: str) -> bool:
+    """Printable ASCII without spaces: what a request target (and a Host) may hold (RFC 9112 §3.2)."""
+    return text.isascii() and text.isprintable() and " " not in text
+
+
 def header_lines(headers: dict[str, str]) -> str:
-    """`Name: value\\r\\n` lines for `UpstreamClient.post`; refuses a name or value that would split the head."""
+    """`Name: value\\r\\n` lines for `UpstreamClient.post`. Refused (ValueError naming the header): a name
+    that is not a token, a value with a control character (CR, LF, NUL: it would split the head) or with a
+    character outside Latin-1, which no HTTP/1.1 field value can carry (RFC 9110 §5.5: visible ASCII, and
+    octets 0x80-0xFF as opaque obs-text); such values are refused rather than re-encoded."""
     lines = []
     for name, value in headers.items():
-        if any(c in name or c in value for c in "\r\n\0") or ":" in name:
-            raise ValueError(f"header {name!r} has a character HTTP does not allow there")
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"header name {name!r} is not an HTTP token")
+        if not _FIELD_VALUE.fullmatch(value):
+            raise ValueError(f"header {name!r} has a character HTTP/1.1 does not allow in a value "
+                             "(a control character, or one outside Latin-1)")
         lines.append(f"{name}: {value}\r\n")
     return "".join(lines)
 
@@ -420,7 +438,10 @@ class Response:
         if not self._finished:
             self._finished = True
             self._parser = None  # see on_message_complete
-            self._connection.done(self._complete and self._keep_alive and self._error is None)
+            reuse = self._complete and self._keep_alive and self._error is None
+            if reuse and self._paused:  # the body ended whole while unread: reading resumes before pooling
+                self._resume()
+            self._connection.done(reuse)
 
     def close(self) -> None:
         """Drop the connection (the replica sees the cancel); a read waiting on it fails."""

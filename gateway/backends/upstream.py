@@ -49,12 +49,14 @@ async def post(client: UpstreamClient, replica: Replica, path: str, body: bytes,
     """POST `body` (JSON) to `replica.url + path`, with the replica's own key and `headers` (trace context);
     the response when it is a 200, else raises `Retry` or the final error. The connection within
     `settings.connect_timeout_s`; the head, then each read of the body, within `read_timeout_s`."""
-    lines = _replica_headers(replica.api_key)
-    if headers:
-        lines += header_lines(dict(headers))
     try:
+        lines = _replica_headers(replica.api_key)
+        if headers:
+            lines += header_lines(dict(headers))
         response = await client.post(replica.url, path, body, lines, connect_s=settings.connect_timeout_s,
                                      read_s=settings.read_timeout_s)
+    except ValueError as err:  # a header value or path HTTP/1.1 cannot carry: this replica is not sent it
+        raise Retry(UpstreamError(f"cannot send the request to backend {replica.name}: {err}")) from None
     except ConnectTimeout:
         raise Retry(UpstreamTimeout(f"backend {replica.name} did not connect in time")) from None
     except TimeoutError:  # connected, but no response head within read_timeout_s (a stuck or busy backend)
