@@ -1,0 +1,122 @@
+"""`gateway train --from-outcomes FILE...`: fit the quality router on measured outcomes and write models/router.
+
+    gateway train --from-outcomes ../shared/outcomes/*.jsonl --out models/router [--embed-cache .cache/router]
+        [--l2 10]
+
+Reads the outcome JSONL shape (gateway.training.outcomes), embeds the prompts with the difficulty classifier's
+encoder (the embedding the gateway computes anyway), fits one logistic output per measured model
+(gateway.training.router_fit.fit_linear) on every row, and writes what gateway.classifier.quality serves:
+router.npz (arrays), metrics.json (encoder, features, models, counts, data hashes, and the held-out
+measurements when the bench has put them there) and SHA256SUMS. The held-out evaluation is
+bench/routing_outcomes.py: it fits the same way on training folds only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gateway.classifier.difficulty import file_sha256
+from gateway.classifier.prompt_features import NAMES
+from gateway.classifier.quality import ARRAYS
+from gateway.training.export import update_sums
+from gateway.training.outcomes import OutcomeRow, read_outcomes
+from gateway.training.router_data import DIFFICULTY_DIR, OutcomeSet, encoder_of, load_outcome_set
+from gateway.training.router_fit import LinearRouter, fit_linear
+
+DEFAULT_L2 = 10.0
+METRICS_FILE = "metrics.json"
+
+
+def export_router(router: LinearRouter, out_dir: Path, metrics: dict[str, Any]) -> None:
+    """router.npz + metrics.json, and their lines of SHA256SUMS (other files' lines kept)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "router.tmp.npz"
+    np.savez(tmp, models=np.array(router.models), mean=router.mean.astype(np.float32),
+             std=router.std.astype(np.float32), weights=router.weights.astype(np.float32),
+             bias=router.bias.astype(np.float32))
+    tmp.replace(out_dir / ARRAYS)
+    previous = out_dir / METRICS_FILE
+    if previous.is_file():  # keep the bench's held-out measurements of the same procedure
+        kept = json.loads(previous.read_text(encoding="utf-8")).get("evaluation")
+        if kept is not None and "evaluation" not in metrics:
+            metrics["evaluation"] = kept
+    previous.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    update_sums(out_dir, [ARRAYS, METRICS_FILE])
+
+
+def describe(rows: Sequence[OutcomeRow], data: OutcomeSet, paths: Sequence[Path]) -> dict[str, Any]:
+    """Counts per source and per model, and each input file's SHA-256."""
+    return {
+        "files": {p.name: file_sha256(p) for p in paths},
+        "rows": len(rows),
+        "by_source": dict(Counter(r.source for r in rows)),
+        "outcomes_per_model": {m: int(np.sum(~np.isnan(data.column(m)))) for m in data.models},
+        "mean_score_per_model": {m: round(float(np.nanmean(data.column(m))), 4) for m in data.models},
+    }
+
+
+def train_router(
+    rows: Sequence[OutcomeRow], out_dir: Path, *, l2: float = DEFAULT_L2, cache_dir: Path | None = None,
+    difficulty_dir: Path = DIFFICULTY_DIR, paths: Sequence[Path] = (), threads: int = 1,
+) -> dict[str, Any]:
+    """Fit on all `rows` and export to `out_dir`; returns what metrics.json holds."""
+    started = time.perf_counter()
+    if len(rows) < 20:
+        raise ValueError(f"need >= 20 outcome rows to fit a router, got {len(rows)}")
+    data = load_outcome_set(rows, cache_dir=cache_dir, difficulty_dir=difficulty_dir, threads=threads)
+    router = fit_linear(data.x, data.targets, data.models, l2)
+    enc = encoder_of(difficulty_dir)
+    metrics: dict[str, Any] = {
+        "model": "quality-router",
+        "score": "expected score in [0, 1] of each measured model on the prompt (logistic output per model)",
+        "models": list(router.models),
+        "encoder": {k: enc[k] for k in ("graph", "layers", "pooled", "max_tokens", "variant", "file", "sha256")},
+        "features": {"embedding": 384, "names": list(NAMES)},
+        "training": {"l2": l2, "fit": "fit_linear (per-model logistic, soft targets, damped Newton)",
+                     "seconds": round(time.perf_counter() - started, 2)},
+        "data": describe(rows, data, paths),
+    }
+    export_router(router, out_dir, metrics)
+    return metrics
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gateway train --from-outcomes", description="Fit the quality router.")
+    p.add_argument("--from-outcomes", dest="files", type=Path, nargs="+", required=True, metavar="FILE",
+                   help="outcome JSONL files: prompt, scores {model: [0, 1]}, optional task/source/cost_usd")
+    p.add_argument("--out", type=Path, default=Path("models/router"), help="model folder to write")
+    p.add_argument("--l2", type=float, default=DEFAULT_L2, help="L2 strength of each logistic output")
+    p.add_argument("--embed-cache", type=Path, default=None, help="folder caching embeddings between runs")
+    p.add_argument("--difficulty", type=Path, default=DIFFICULTY_DIR,
+                   help="difficulty model whose encoder the router shares")
+    p.add_argument("--threads", type=int, default=1, help="encoder threads")
+    return p
+
+
+def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
+    """CLI entry; 0 done, 2 bad arguments or data."""
+    args = _parser().parse_args(argv)
+    try:
+        rows = read_outcomes(args.files)
+        metrics = train_router(rows, args.out, l2=args.l2, cache_dir=args.embed_cache, difficulty_dir=args.difficulty,
+                               paths=args.files, threads=args.threads)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"gateway train: {err}", file=sys.stderr)
+        return 2
+    data = metrics["data"]
+    print(f"fitted {len(metrics['models'])} model outputs on {data['rows']} prompts {data['by_source']} "
+          f"in {metrics['training']['seconds']} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_from_outcomes())

@@ -1,0 +1,103 @@
+"""Fitting, exporting and serving the quality router (router_fit, router_train.export_router, classifier.quality)."""
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.classifier.difficulty import EncoderMismatch
+from gateway.classifier.encoder import EMBEDDING_DIM
+from gateway.classifier.prompt_features import COUNT, feature_matrix
+from gateway.classifier.quality import QualityHead, QualityPredictor, load_quality_predictor
+from gateway.training.router_fit import fit_linear, knn_predict
+from gateway.training.router_train import export_router
+
+ROOT = Path(__file__).resolve().parents[2]
+RNG = np.random.default_rng(3)
+
+
+def synthetic(n: int = 1500) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    texts = [("x" * int(RNG.integers(1, 400))) + (" 12 + 7 =" if i % 3 == 0 else "") for i in range(n)]
+    emb = RNG.normal(size=(n, EMBEDDING_DIM)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    x = np.hstack([emb, feature_matrix(texts)]).astype(np.float64)
+    p_small = 1 / (1 + np.exp(-(3 * emb[:, 0] * 10 - 1)))  # small fails where embedding[0] is low
+    y = np.column_stack([(RNG.random(n) < p_small).astype(float), (RNG.random(n) < 0.9).astype(float)])
+    y[: n // 4, 1] = np.nan  # the large model was not measured on a quarter of the rows
+    return x, y, texts
+
+
+def test_the_fit_learns_where_the_small_model_fails() -> None:
+    x, y, _ = synthetic()
+    router = fit_linear(x[:1200], y[:1200], ["small", "large"], 0.01)
+    pred = router.predict(x[1200:])
+    assert np.corrcoef(pred[:, 0], x[1200:, 0])[0, 1] > 0.5
+    assert abs(float(pred[:, 1].mean()) - 0.9) < 0.1
+
+
+def test_task_offsets_are_averaged_into_the_served_bias() -> None:
+    x, y, _ = synthetic()
+    groups = ["a" if i % 2 else "b" for i in range(len(x))]
+    router = fit_linear(x, y, ["small", "large"], 1.0, groups=groups)
+    assert abs(float(router.predict(x)[:, 1].mean()) - 0.9) < 0.1
+
+
+def test_a_model_without_outcomes_is_refused() -> None:
+    x, y, _ = synthetic()
+    y[:, 1] = np.nan
+    with pytest.raises(ValueError, match="'large' has 0 outcomes"):
+        fit_linear(x, y, ["small", "large"], 1.0)
+
+
+def test_knn_averages_the_nearest_measured_rows() -> None:
+    emb = np.eye(4, dtype=np.float32)
+    y = np.array([[1.0], [0.0], [np.nan], [1.0]])
+    out = knn_predict(emb, y, emb[[0, 2]], k=1)
+    assert out[0, 0] == 1.0 and out[1, 0] in (0.0, 1.0)
+
+
+def test_export_then_serve_gives_the_fitted_numbers(tmp_path: Path) -> None:
+    x, y, texts = synthetic()
+    router = fit_linear(x, y, ["small", "large"], 1.0)
+    metrics = (ROOT / "models" / "router" / "metrics.json").read_text()
+    export_router(router, tmp_path, __import__("json").loads(metrics) | {"models": ["small", "large"]})
+    head = QualityHead.load(tmp_path / "router.npz")
+    assert head.models == ("small", "large")
+    served = head.scores(x[:50, :EMBEDDING_DIM], texts[:50])
+    assert np.allclose(served, router.predict(x[:50]), atol=2e-4)
+    assert (tmp_path / "SHA256SUMS").read_text().count("  ") == 2
+
+
+def test_arrays_that_do_not_fit_are_refused() -> None:
+    width = EMBEDDING_DIM + COUNT
+    ok = (np.zeros(width, np.float32), np.ones(width, np.float32), np.zeros((width, 2), np.float32), np.zeros(2, np.float32))
+    QualityHead(["a", "b"], *ok)
+    with pytest.raises(ValueError, match="do not fit"):
+        QualityHead(["a"], *ok)
+    with pytest.raises(ValueError, match="non-positive std"):
+        QualityHead(["a", "b"], ok[0], ok[0], ok[2], ok[3])
+
+
+class FakeEmbedder:
+    namespace = "someone-else"
+
+    def close(self) -> None:
+        raise AssertionError("a shared embedder belongs to its owner")
+
+
+def test_a_foreign_embedder_is_refused() -> None:
+    with pytest.raises(EncoderMismatch, match="fitted on embeddings"):
+        load_quality_predictor(ROOT / "models" / "router", embedder=FakeEmbedder())  # type: ignore[arg-type]
+
+
+def test_the_shipped_router_serves_every_measured_model() -> None:
+    predictor = load_quality_predictor(ROOT / "models" / "router")
+    try:
+        quality = asyncio.run(predictor.predict("What is 17 * 23? Answer with the number only."))
+        both = asyncio.run(predictor.predict_many(["hi", "hi"]))
+    finally:
+        predictor.close()
+    assert set(quality) == set(predictor.models) and len(predictor.models) >= 20
+    assert all(0.0 <= q <= 1.0 for q in quality.values())
+    assert both[0] == both[1] and isinstance(predictor, QualityPredictor)
