@@ -19,11 +19,15 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[dev,local,train]'
 	touch $@
 
+# the request log, one JSON line per request, that `gateway costs .gateway/requests.log*` reads (the console
+# keeps the banner); rotated at 100 MB, 7 files kept
+REQUEST_LOG = --log-file .gateway/requests.log --log-max-bytes 100000000
+
 run: $(VENV)/.installed
-	$(BIN)/gateway up --routes routes/local.yaml --policies policies/local.yaml
+	$(BIN)/gateway up --routes routes/local.yaml --policies policies/local.yaml $(REQUEST_LOG)
 
 run-emulated: $(VENV)/.installed
-	$(BIN)/gateway up --routes routes/emulator.yaml --policies policies/emulator.yaml
+	$(BIN)/gateway up --routes routes/emulator.yaml --policies policies/emulator.yaml $(REQUEST_LOG)
 
 # the dashboard's browser test needs Debian's Chromium: installed with apt when missing
 chromium:

@@ -22,6 +22,7 @@ class RotatingLogFile:
         self.max_bytes = max_bytes
         self.backups = backups
         self.daily = daily
+        path.parent.mkdir(parents=True, exist_ok=True)  # `make run` on a fresh clone: .gateway/ is not there yet
         self._file: BinaryIO = path.open("ab")
         self._size = path.stat().st_size
         self._day_ends = _next_midnight(time.time())

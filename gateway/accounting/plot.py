@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.accounting.aggregate import DailyCosts
-from gateway.accounting.render import key_text
+from gateway.accounting.render import key_text, money_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MISSING = "--plot needs matplotlib, which is not installed: pip install 'gateway[train]' (or pip install matplotlib)"
 WIDTH = 0.4
+DPI = 110
 
 
 def missing_matplotlib() -> str | None:
@@ -22,7 +27,13 @@ def missing_matplotlib() -> str | None:
 
 def draw(daily: DailyCosts, path: Path) -> None:
     """Write a PNG: per UTC day, one bar of cost stacked by tier and one hatched bar of savings."""
+    figure(daily).savefig(path, format="png", dpi=DPI)
+
+
+def figure(daily: DailyCosts) -> Figure:
+    """The chart, drawn in memory."""
     from matplotlib.figure import Figure  # lazy: an optional dependency
+    from matplotlib.ticker import FuncFormatter
 
     days = sorted({day for day, _ in daily.cost} | set(daily.cache) | set(daily.routing))
     tiers = sorted({tier for _, tier in daily.cost}, key=lambda t: (t is None, t or ""))
@@ -47,6 +58,8 @@ def draw(daily: DailyCosts, path: Path) -> None:
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xticks(x, [day.isoformat() for day in days], rotation=30 if len(days) > 7 else 0)
     ax.set_ylabel("USD")
-    ax.set_title("Cost by tier per day (UTC), with savings from routing and cache")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: money_text(value, 2)))  # 0.00001, not 1e-5
+    # the figure's title, not the axes': the legend beside the axes leaves them narrower than this line
+    fig.suptitle("Cost by tier per day (UTC), with savings from routing and cache")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path, format="png", dpi=110)
+    return fig

@@ -3,7 +3,8 @@
 Files are read in the order given (`requests.log.2.gz requests.log.1 requests.log`), gzip being
 recognised by its magic bytes rather than its name. Nothing is held but the current line, so
 memory does not depend on file size. Malformed lines are counted (with the first few located
-by file and line number) and skipped; a gzip file cut short, as a rotation in progress leaves
+by file and line number) and skipped; text lines (console output such as `gateway up`'s banner, captured
+with the log by `2>&1`) are counted apart, the first one located; a gzip file cut short, as a rotation in progress leaves
 it, ends that file with a counted error instead of ending the run.
 """
 
@@ -38,6 +39,7 @@ class ReadStats:
     last_day: date | None = None
     skipped: Counter[Skip] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
+    first_text: str | None = None  # file:line of the first text line (not a JSON object: console output)
     file_errors: list[str] = field(default_factory=list)
 
     @property
@@ -87,3 +89,5 @@ def read_records(
             stats.skipped[result] += 1
             if result in MALFORMED and len(stats.examples) < MAX_EXAMPLES:
                 stats.examples.append(f"{path}:{number}: {explain(line)}")
+            elif result is Skip.TEXT and stats.first_text is None:
+                stats.first_text = f"{path}:{number}"

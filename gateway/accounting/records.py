@@ -31,13 +31,15 @@ _NUMBER = re.compile(rb"[ \t]*:[ \t]*(-?[0-9][0-9.eE+-]*)")
 
 
 class Skip(Enum):
-    """Why a line was not counted; the first three are 'malformed'."""
+    """Why a line was not counted; the first three are 'malformed' (a line that looks like a log line and is
+    broken); TEXT lines do not start with `{` and are skipped apart."""
 
     NOT_JSON = "not JSON"
     MISSING_FIELD = "missing field"
     WRONG_TYPE = "wrong type"
     OTHER_EVENT = "other event"
     BLANK = "blank"
+    TEXT = "text"  # not a JSON object at all: console output (a banner, a traceback) mixed into the log
 
 
 @dataclass(slots=True)
@@ -75,8 +77,12 @@ class Malformed(Exception):
 
 def parse_line(line: bytes) -> Record | Skip:
     """The record a line holds, or why it holds none (malformed, other event or blank)."""
-    if not line.strip():
-        return Skip.BLANK
+    if line[:1] != b"{":  # log lines start with `{`: this test first, for the million lines that do
+        stripped = line.strip()
+        if not stripped:
+            return Skip.BLANK
+        if stripped[:1] != b"{":
+            return Skip.TEXT
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -21,9 +22,10 @@ class Column:
     header: str  # in the table
     csv: str  # in the CSV header
     value: Callable[[GroupStats], Value]
-    digits: int = 0  # decimals in the table (floats: also in the CSV)
+    digits: int = 0  # decimals in the table (money: at least, more for the significant digits)
     csv_digits: int = 0  # decimals of float values in the CSV
     table: bool = True  # CSV-only columns say False
+    money: bool = False  # USD: shown with SIGNIFICANT digits however small (a request can cost $0.000005)
 
 
 def _q(attr: str, q: float) -> Callable[[GroupStats], Value]:
@@ -35,17 +37,17 @@ COLUMNS = (
     Column("errors", "errors", lambda g: g.errors),
     Column("tok_in", "prompt_tokens", lambda g: g.prompt_tokens),
     Column("tok_out", "completion_tokens", lambda g: g.completion_tokens),
-    Column("cost $", "cost_usd", lambda g: g.cost, 4),
-    Column("p50 $/req", "cost_p50_usd", _q("cost_q", 0.50), 6, 9),
-    Column("p95 $/req", "cost_p95_usd", _q("cost_q", 0.95), 6, 9),
-    Column("p99 $/req", "cost_p99_usd", _q("cost_q", 0.99), 6, 9),
+    Column("cost $", "cost_usd", lambda g: g.cost, 4, money=True),
+    Column("p50 $/req", "cost_p50_usd", _q("cost_q", 0.50), 6, 9, money=True),
+    Column("p95 $/req", "cost_p95_usd", _q("cost_q", 0.95), 6, 9, money=True),
+    Column("p99 $/req", "cost_p99_usd", _q("cost_q", 0.99), 6, 9, money=True),
     Column("ttft p50 ms", "ttft_p50_ms", _q("ttft_q", 0.50), 1, 3),
     Column("ttft p99 ms", "ttft_p99_ms", _q("ttft_q", 0.99), 1, 3),
     Column("e2e p50 ms", "e2e_p50_ms", _q("e2e_q", 0.50), 1, 3),
     Column("e2e p99 ms", "e2e_p99_ms", _q("e2e_q", 0.99), 1, 3),
     Column("cache hits", "cache_hits", lambda g: g.cache_hits),
-    Column("routing saved $", "routing_savings_usd", lambda g: g.routing_savings, 4),
-    Column("cache saved $", "cache_savings_usd", lambda g: g.cache_savings, 4),
+    Column("routing saved $", "routing_savings_usd", lambda g: g.routing_savings, 4, money=True),
+    Column("cache saved $", "cache_savings_usd", lambda g: g.cache_savings, 4, money=True),
     Column("", "baseline_cost_usd", lambda g: g.baseline, table=False),
     Column("", "saved_usd", lambda g: g.saved, table=False),
     Column("", "unpriced_baseline", lambda g: g.unpriced_baseline, table=False),
@@ -62,12 +64,30 @@ def _total_key(dimensions: Sequence[str]) -> list[str]:
     return [TOTAL] + [""] * (len(dimensions) - 1)
 
 
-def _cell(value: Value, digits: int) -> str:
+SIGNIFICANT = 3
+MAX_DECIMALS = 9  # the log's precision: a nano-dollar
+
+
+def _cell(value: Value, digits: int, money: bool = False) -> str:
     if value is None:
         return "-"
     if isinstance(value, int):
         return f"{value:,}"
+    if money:
+        return money_text(value, digits)
     return f"{value:,.{digits}f}"
+
+
+def money_text(value: Decimal | float, digits: int) -> str:
+    """At least `digits` decimals, and more until SIGNIFICANT digits show (up to a nano-dollar), trailing
+    zeros beyond `digits` dropped: 12.3457, 0.0123, 0.000005 (not 0.0000); zero is 0."""
+    if not value:
+        return "0"
+    leading = value.adjusted() if isinstance(value, Decimal) else math.floor(math.log10(abs(value)))
+    decimals = min(MAX_DECIMALS, max(digits, SIGNIFICANT - 1 - leading))
+    text = f"{value:,.{decimals}f}"
+    whole, _, fraction = text.partition(".")
+    return f"{whole}.{fraction[:digits]}{fraction[digits:].rstrip('0')}" if fraction else whole
 
 
 def _csv_cell(value: Value, column: Column) -> str:
@@ -84,8 +104,8 @@ def table(dimensions: Sequence[str], rows: Sequence[tuple[GroupKey, GroupStats]]
     """Aligned columns: keys left, numbers right, a rule above the total row."""
     columns = [c for c in COLUMNS if c.table]
     header = [*dimensions, *(c.header for c in columns)]
-    body = [[*map(key_text, key), *(_cell(c.value(g), c.digits) for c in columns)] for key, g in rows]
-    last = [*_total_key(dimensions), *(_cell(c.value(total), c.digits) for c in columns)]
+    body = [[*map(key_text, key), *(_cell(c.value(g), c.digits, c.money) for c in columns)] for key, g in rows]
+    last = [*_total_key(dimensions), *(_cell(c.value(total), c.digits, c.money) for c in columns)]
     widths = [max(len(r[i]) for r in [header, *body, last]) for i in range(len(header))]
     keys = len(dimensions)
 

@@ -120,6 +120,9 @@ def summary(stats: ReadStats, unpriced: int) -> str:
         f"missing field: {s[Skip.MISSING_FIELD]:,}, wrong type: {s[Skip.WRONG_TYPE]:,})",
         f"Unpriced baseline (no baseline_cost_usd / saved_usd, routing savings counted as 0): {unpriced:,}",
     ]
+    if s[Skip.TEXT]:
+        lines.insert(1, f"Text lines skipped (not JSON objects: console output such as a banner, not counted as "
+                        f"malformed): {s[Skip.TEXT]:,}, the first at {stats.first_text}")
     lines += [f"  e.g. {example}" for example in stats.examples]
     lines += [f"Unreadable: {error}" for error in stats.file_errors]
     return "\n".join(lines)

@@ -65,13 +65,14 @@ def test_malformed_lines_are_counted_by_kind_and_not_fatal(tmp_path: Path) -> No
     stats = ReadStats()
     records = list(read_records([path], stats))
     assert len(records) == 2 and stats.records == 2
-    assert stats.skipped[Skip.NOT_JSON] == 3
+    assert stats.skipped[Skip.NOT_JSON] == 1  # the truncated line: text lines are counted apart
+    assert stats.skipped[Skip.TEXT] == 2 and stats.first_text == f"{path}:2"  # not a JSON object: console text
     assert stats.skipped[Skip.MISSING_FIELD] == 2
     assert stats.skipped[Skip.WRONG_TYPE] == 7
-    assert stats.malformed == 12 and stats.lines == 16
+    assert stats.malformed == 10 and stats.lines == 16
     assert stats.skipped[Skip.OTHER_EVENT] == 1 and stats.skipped[Skip.BLANK] == 1
-    assert stats.examples[0].startswith(f"{path}:2: not JSON")
-    assert len(stats.examples) == 3 and stats.examples[2] == f"{path}:4: not JSON (not an object)"
+    assert stats.examples[0].startswith(f"{path}:3: not JSON")
+    assert len(stats.examples) == 3 and stats.examples[2] == f"{path}:6: missing field: cost_usd"
     assert explain(bad[3]) == "missing field: status" and explain(bad[5]) == "wrong type: tenant"
 
 

@@ -137,7 +137,8 @@ def test_table_and_skip_counts(logs: list[Path], capsys: pytest.CaptureFixture[s
     header = next(line for line in lines if line.startswith("tenant"))
     total = next(line for line in lines if line.startswith("TOTAL"))
     assert len(header) == len(total)  # aligned columns
-    assert "Malformed lines skipped: 6 (not JSON: 4, missing field: 1, wrong type: 1)" in out
+    assert "Malformed lines skipped: 4 (not JSON: 2, missing field: 1, wrong type: 1)" in out
+    assert "Text lines skipped (not JSON objects: console output such as a banner, not counted as malformed): 2" in out
     assert "Unpriced baseline" in out
 
 
