@@ -40,6 +40,10 @@ class GatewayMetrics:
             "gateway_upstream_failures", "Replica attempts that failed before the first byte", ("backend",),
             registry=self.registry,
         )
+        self.upstream_resends = Counter(
+            "gateway_upstream_resends", "Requests sent again on a new connection after a reused one closed "
+            "unanswered (the replica may have received them twice)", registry=self.registry,
+        )
         self.cost = Counter("gateway_cost_usd", "Cost of served requests in USD", ("tier",), registry=self.registry)
         self.retries = Counter(
             "gateway_retries", "Failover attempts: sent, or refused by the retry budget", ("result",),

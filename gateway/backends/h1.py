@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import select
 import socket
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -93,8 +95,10 @@ class Origin:
 class UpstreamClient:
     """Pooled keep-alive connections per replica origin (no limit on their number, as before)."""
 
-    def __init__(self, idle_s: float = IDLE_S) -> None:
+    def __init__(self, idle_s: float = IDLE_S, on_resend: Callable[[], None] | None = None) -> None:
         self.idle_s = idle_s
+        self.resends = 0  # requests sent again on a new connection (the replica may have received them twice)
+        self._on_resend = on_resend  # told of each (a Prometheus counter)
         self._origins: dict[str, Origin] = {}
         self._idle: dict[tuple[str, str, int], deque[Connection]] = {}  # most recently used last
         self._closed = False
@@ -120,7 +124,11 @@ class UpstreamClient:
             except UpstreamClosed:
                 if response.got_bytes:
                     raise
-                # the replica closed this idle connection as we reused it: once more on a new one
+                # the replica closed this idle connection as we reused it (after `_take` found it open): once
+                # more on a new one, as browsers do; the replica may have received it, so it is counted
+                self.resends += 1
+                if self._on_resend is not None:
+                    self._on_resend()
         connection = await self._connect(origin, connect_s)
         response = Response(connection, read_s)
         connection.send(head, body, response)
@@ -140,12 +148,13 @@ class UpstreamClient:
         return connection
 
     def _take(self, key: tuple[str, str, int]) -> Connection | None:
-        """The most recently used idle connection to `key` that is still open and fresh."""
+        """The most recently used idle connection to `key` that is still open, fresh, and has neither an end
+        nor stray bytes waiting (`Connection.quiet`: a close the event loop has not read yet)."""
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if not connection.closed and now - connection.idle_since < self.idle_s:
+            if not connection.closed and now - connection.idle_since < self.idle_s and connection.quiet():
                 return connection
             connection.abort()
         return None
@@ -217,12 +226,21 @@ class Connection(asyncio.Protocol):
         self.response: Response | None = None
         self.closed = False
         self.idle_since = 0.0
+        self._poll: select.poll | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is one without subclassing it
         sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock is not None:
+            self._poll = select.poll()  # holds no kernel resource: the fd is polled on demand (`quiet`)
+            self._poll.register(sock.fileno(), select.POLLIN)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def quiet(self) -> bool:
+        """Nothing waits to be read on this idle connection: neither its end (the replica closed it, and the
+        event loop has not read that yet) nor stray bytes (a 408, a TLS alert): one poll of the socket."""
+        return self._poll is None or not self._poll.poll(0)
 
     def send(self, head: bytes, body: bytes, response: Response) -> None:
         assert self.transport is not None
