@@ -49,7 +49,7 @@ from gateway.stages.proxy import ProxyStage
 from gateway.stages.route import RouteStage
 from gateway.state import GATEWAY, Gateway
 from gateway.tokens import TokenCounters
-from gateway.types import DifficultyScorer
+from gateway.types import DifficultyScorer, QualityPredictor
 
 if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded
     from gateway.classifier.embedder import CachedEmbedder
@@ -60,15 +60,18 @@ BODY_CEILING = 64 * 1024 * 1024  # hard cap; the policy's max_body_bytes is the 
 def create_app(
     config: GatewayConfig, scorer: DifficultyScorer | None = None, redis_url: str | None = None,
     config_files: tuple[Path, Path] | None = None, client_limits: ClientLimits | None = None,
-    shadow_pairs: Path | None = None,
+    shadow_pairs: Path | None = None, predictor: QualityPredictor | None = None,
 ) -> web.Application:
     """The gateway app. `scorer` rates prompt difficulty for model 'auto' (None: always the default tier);
     `redis_url` enables the caches (None: no Redis, nothing cached); `config_files` (routes, policy) are
     watched and hot-reloaded (None: the config is fixed); `client_limits` bound how slow a client may be;
-    `shadow_pairs` is the JSONL file shadow comparisons are appended to (None: Redis only, when there is Redis)."""
+    `shadow_pairs` is the JSONL file shadow comparisons are appended to (None: Redis only, when there is Redis);
+    `predictor` predicts each tier's answer quality for tenants routing by quality_floor (None: they use their
+    bands, else the default tier)."""
     metrics = GatewayMetrics()
     limits = client_limits or ClientLimits()
-    gateway = Gateway(config, Accountant(TokenCounters(), metrics), metrics, ReplicaPool(), limits, scorer=scorer)
+    gateway = Gateway(config, Accountant(TokenCounters(), metrics), metrics, ReplicaPool(), limits, scorer=scorer,
+                      predictor=predictor)
     gateway.pool.configure(config.routes)
     collector.register(gateway.pool, metrics.registry)
     gateway.accountant.prepare(config)  # load tokenizers now, never on the request path
@@ -81,7 +84,8 @@ def create_app(
         # aiohttp's client for the health probes; requests go upstream through `UpstreamClient` (backends/h1.py)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-            writes, watchdog, upstream = BackgroundWrites(), IdleWatchdog(), UpstreamClient()
+            writes, watchdog = BackgroundWrites(), IdleWatchdog()
+            upstream = UpstreamClient(on_resend=metrics.upstream_resends.inc)
             gateway.path, sentences = _request_path(gateway, upstream, redis_url, writes, watchdog, shadow_pairs)
             stop_watching = asyncio.Event()
             idle_sweeps, loops = _background(gateway, session, watchdog, stop_watching)
@@ -131,7 +135,7 @@ def _request_path(gateway: Gateway, upstream: UpstreamClient, redis_url: str | N
     path = RequestPath(
         parse=ParseStage(),
         policy=PolicyStage(_limiter(gateway, writes), record_owner),
-        classify=ClassifyStage(scorer),
+        classify=ClassifyStage(scorer, gateway.predictor),
         route=RouteStage(pool, shadow_tap),
         cache=CacheStage(gateway.responses, semantic),
         affinity=affinity,
