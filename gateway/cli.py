@@ -179,6 +179,21 @@ def _load(args: argparse.Namespace) -> GatewayConfig | None:
         return None
 
 
+def _servable(args: argparse.Namespace) -> GatewayConfig | None:
+    """The config, when the gateway can serve with it: the files load, and tracing (when on) asks for an
+    OTLP protocol the exporter speaks (OTEL_EXPORTER_OTLP_PROTOCOL=grpc is refused here, with the reason)."""
+    from gateway.tracing import UnsupportedProtocol, check_tracing
+
+    config = _load(args)
+    if config is not None:
+        try:
+            check_tracing(config.routes.tracing)
+        except UnsupportedProtocol as err:
+            print(f"gateway: {err}", file=sys.stderr)
+            return None
+    return config
+
+
 def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
     """The difficulty classifier the policy's bands need (None when no tenant, and no experiment arm, routes by
     bands). An arm's bands read the same folder as the rest of the policy (the loader refuses others)."""
@@ -263,31 +278,43 @@ def _logging(args: argparse.Namespace) -> Iterator[None]:
 def _serve(args: argparse.Namespace) -> int:
     from gateway import server
     from gateway.app import create_app
+    from gateway.route_tools import serving_predictor
 
-    config = _load(args)
+    config = _servable(args)
     if config is None:
         return 1
     with _logging(args), _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
         scorer = _scorer(config)
+        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs))
-        server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
+                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
+        try:
+            server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
+        finally:
+            if predictor is not None:
+                predictor.close()
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.local.up import up
+    from gateway.route_tools import serving_predictor
 
-    config = _load(args)
+    config = _servable(args)
     if config is None:
         return 1
     with _logging(args), _redis(args, config) as redis_url:
         scorer = _scorer(config)
+        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs))
-        return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
+                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
+        try:
+            return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
+        finally:
+            if predictor is not None:
+                predictor.close()
 
 
 def _emulate(args: argparse.Namespace) -> int:

@@ -8,11 +8,15 @@ then calls `RequestPath.finish`: accounting prices the request and writes its on
 finishers the stages left on the context run (limiter booking, cache store, prefix record, admission
 permit release, trace end). Finishers run after accounting because some read what it sets (`cost_usd`,
 the settled token counts), and each runs in its own guard, so a failure in one never skips another.
+
+When the request is traced, the stages declared `traced(...)` below get a span of their own, named here
+(gateway.<name>): a stage is known by its place in this list, whatever its class is called.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Protocol
 
 import structlog
@@ -29,6 +33,7 @@ from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
 from gateway.stages.route import RouteStage
+from gateway.tracing import ADMISSION, CACHE, CLASSIFICATION, UPSTREAM
 from gateway.types import Reply
 
 log = structlog.get_logger("gateway.pipeline")
@@ -40,31 +45,40 @@ class Stage(Protocol):
     async def __call__(self, ctx: RequestContext) -> Reply | None: ...
 
 
+def traced(span: str) -> dict[str, str]:
+    """A stage field's metadata: its stage gets a span of its own, gateway.<span>, when the request is
+    traced (the others take microseconds: no span)."""
+    return {"span": span}
+
+
 @dataclass(frozen=True, slots=True)
 class RequestPath:
     """The stages in the order they run (the fields' order is the order), and the accountant after them."""
 
     parse: ParseStage  # the body: JSON, fields, model, stream
     policy: PolicyStage  # the tenant from the API key; its limits, rate limit and budget
-    classify: ClassifyStage  # difficulty, for model 'auto' under a policy with bands
+    # difficulty, for model 'auto' under a policy with bands
+    classify: ClassifyStage = field(metadata=traced(CLASSIFICATION))
     route: RouteStage  # the tier, and its replicas ranked by predicted TTFT
-    cache: CacheStage  # a stored answer to a repeated deterministic request
+    cache: CacheStage = field(metadata=traced(CACHE))  # a stored answer to a repeated deterministic request
     affinity: AffinityStage  # the replica holding the prompt's prefix first, when worth it
-    admission: AdmissionStage  # a slot of the tier within the tenant's TTFT objective, or shed
+    # a slot of the tier within the tenant's TTFT objective, or shed
+    admission: AdmissionStage = field(metadata=traced(ADMISSION))
     embed: EmbedStage  # /v1/embeddings on a tier served in process
-    proxy: ProxyStage  # the tier's replicas, in order, until one answers; then the relay
+    # the tier's replicas, in order, until one answers; then the relay
+    proxy: ProxyStage = field(metadata=traced(UPSTREAM))
     account: Accountant  # after the answer: tokens, cost, the log line, metrics
 
     @property
     def stages(self) -> tuple[Stage, ...]:
-        return (self.parse, self.policy, self.classify, self.route, self.cache, self.affinity, self.admission,
-                self.embed, self.proxy)
+        stages: tuple[Stage, ...] = _STAGES(self)
+        return stages
 
     async def run(self, ctx: RequestContext) -> Reply:
         """Run the stages in order until one replies."""
         trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None
-        for stage in self.stages:
-            reply = await (stage(ctx) if trace is None else trace.stage(stage, ctx))
+        for stage, span in zip(self.stages, SPANS):
+            reply = await (stage(ctx) if trace is None else trace.stage(span, stage, ctx))
             if reply is not None:
                 return reply
         raise GatewayError("no stage produced a reply")
@@ -76,3 +90,8 @@ class RequestPath:
                 step(ctx)
             except Exception:
                 log.exception("finisher_failed", request_id=ctx.request_id, step=getattr(step, "__qualname__", "?"))
+
+
+_STAGE_FIELDS = tuple(stage for stage in fields(RequestPath) if stage.name != "account")  # (not a stage)
+_STAGES = attrgetter(*(stage.name for stage in _STAGE_FIELDS))
+SPANS: tuple[str | None, ...] = tuple(stage.metadata.get("span") for stage in _STAGE_FIELDS)  # by stage, in order

@@ -1,16 +1,18 @@
 """The OpenTelemetry side of tracing, imported only when tracing is on (see gateway.tracing).
 
 One SERVER span per request, named "{gen_ai.operation.name} {gen_ai.request.model}", continuing the
-caller's `traceparent`; a child span for each stage that takes time of its own: classification,
-cache, admission (the queue wait) and upstream. The stage that answers keeps its span open until the
-answer is sent, so the upstream span covers the whole stream, with its time to first token. The request
-to the backend carries the upstream span's `traceparent`.
+caller's `traceparent`; a child span for each stage the request path marks as traced (gateway.pipeline:
+classification, cache, admission (the queue wait) and upstream, a CLIENT span: the call to the backend).
+The stage that answers keeps its span open until the answer is sent, so the upstream span covers the
+whole stream, with its time to first token. The request to the backend carries the upstream span's
+`traceparent`, and the caller's `baggage`.
 
 No OpenTelemetry SDK: its per-span objects made full sampling cost +65 % CPU per request. A request's
 spans are plain tuples (ids from random.getrandbits, times from time.time_ns) handed, when the request
 finishes, to the exporter thread of gateway.tracing.otlp, which batches and encodes them as OTLP
-protobuf; the request path never waits on it. Sampling and propagation are the SDK's (W3C trace
-context; OTEL_TRACES_SAMPLER and its argument), from the same variables."""
+protobuf (or JSON); the request path never waits on it. Sampling and propagation are the SDK's
+(OTEL_TRACES_SAMPLER and its argument; OTEL_PROPAGATORS: W3C trace context and baggage, the default,
+either, or none), from the same variables."""
 
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ import structlog
 
 import gateway
 from gateway.config.routes import TracingSettings
-from gateway.tracing.otlp import FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, FLAG_SAMPLED, KIND_INTERNAL, KIND_SERVER, \
-    Encoder, ExportSettings, Exporter, SpanRecord, parse_key_values
+from gateway.tracing import ADMISSION, CACHE, CLASSIFICATION, UPSTREAM
+from gateway.tracing.otlp import FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, FLAG_SAMPLED, KIND_CLIENT, KIND_INTERNAL, \
+    KIND_SERVER, Encoder, ExportSettings, Exporter, SpanEncoder, SpanRecord, parse_key_values
+from gateway.tracing.otlp_json import JsonEncoder
 from gateway.types import Reply
 
 if TYPE_CHECKING:
@@ -41,11 +45,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.tracing")
 
 OPERATIONS = {"chat": "chat", "completions": "text_completion"}
-SPANS = {"ClassifyStage": "classification", "CacheStage": "cache", "AdmissionStage": "admission",
-         "ProxyStage": "upstream"}  # the other stages take microseconds: no span of their own
-SPAN_NAMES = {name: f"gateway.{name}" for name in SPANS.values()}
-_SPAN_OF: dict[type, str | None] = {}  # a stage's class -> its span's name (SPANS by class name), when seen
-_UNSEEN = "?"
+SPAN_NAMES = {name: f"gateway.{name}" for name in (CLASSIFICATION, CACHE, ADMISSION, UPSTREAM)}  # (others: the same)
 SCOPE = "gateway"  # the instrumentation scope's name
 ROOT_KEYS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.request.max_tokens",
              "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.finish_reasons",
@@ -74,6 +74,12 @@ _VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
 _MEMBER = re.compile(f"({_KEY})=({_VALUE})")
 SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
             "parentbased_traceidratio")
+PROPAGATORS = ("tracecontext", "baggage")  # what this tracer propagates; the specification's other names:
+OTHER_PROPAGATORS = ("b3", "b3multi", "jaeger", "xray", "ottrace")  # warned about, ignored
+# W3C baggage: a member is key=value (a token, then baggage-octets), with ;properties; the SDK's limits
+_BAGGAGE_MEMBER = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+[ \t]*=[ \t]*[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*"
+                             r"(?:[ \t]*;[\x20-\x2b\x2d-\x7e]*)?")
+BAGGAGE_MAX_BYTES, BAGGAGE_MAX_MEMBERS, BAGGAGE_MAX_MEMBER_BYTES = 8192, 180, 4096
 
 
 class Sampler:
@@ -132,6 +138,41 @@ def parse_traceparent(headers: Mapping[str, str]) -> tuple[int, int, bool, str] 
     return int(trace_id, 16), int(span_id, 16), bool(int(flags, 16) & 1), _tracestate(headers.get("tracestate"))
 
 
+def propagators(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
+    """OTEL_PROPAGATORS (default tracecontext,baggage): the formats taken from the caller's headers and
+    given to the backend's. `none` (alone or not) is none; a name this tracer does not propagate (b3,
+    jaeger, ...) or does not know is warned about and left out."""
+    names = [name.strip().lower() for name in environ.get("OTEL_PROPAGATORS", "").split(",") if name.strip()]
+    if not names:
+        return frozenset(PROPAGATORS)
+    if "none" in names:
+        if len(names) > 1:
+            log.warning("tracing_propagators_none", value=environ["OTEL_PROPAGATORS"], using="none")
+        return frozenset()
+    for name in dict.fromkeys(names):  # (deduplicated, in order)
+        if name not in PROPAGATORS:
+            log.warning("tracing_unsupported_propagator" if name in OTHER_PROPAGATORS else "tracing_unknown_propagator",
+                        propagator=name, supported=",".join(PROPAGATORS))
+    return frozenset(names).intersection(PROPAGATORS)
+
+
+def parse_baggage(values: list[str]) -> str:
+    """The caller's `baggage` header(s), for the backend: its well-formed members, whitespace around them
+    dropped; nothing when longer than 8192 bytes (the W3C limit a system must propagate), members past
+    the 180th or longer than 4096 bytes left out, as the SDK does."""
+    header = ",".join(values)
+    if not header or len(header) > BAGGAGE_MAX_BYTES:
+        return ""
+    members = []
+    for member in header.split(","):
+        member = member.strip(" \t")
+        if member and len(member) <= BAGGAGE_MAX_MEMBER_BYTES and _BAGGAGE_MEMBER.fullmatch(member):
+            members.append(member)
+            if len(members) == BAGGAGE_MAX_MEMBERS:
+                break
+    return ",".join(members)
+
+
 def _tracestate(header: str | None) -> str:
     """The caller's `tracestate`, normalised; an invalid one (any bad member, a duplicate key, more than
     32 members or 8192 characters) is dropped whole, as the SDK does."""
@@ -179,20 +220,28 @@ class Tracing:
         self.sampler = Sampler.configured(settings.sample_ratio, environ)
         self.resource = resource_attributes(settings.service_name, environ)
         self.export_settings = ExportSettings.from_environ(environ, settings.endpoint)
-        self.exporter = Exporter(self.export_settings, Encoder(self.resource, SCOPE, STABLE_KEYS), post,
+        propagating = propagators(environ)
+        self.tracecontext, self.baggage = "tracecontext" in propagating, "baggage" in propagating
+        encoder: SpanEncoder = JsonEncoder(self.resource, SCOPE) if self.export_settings.protocol == "http/json" \
+            else Encoder(self.resource, SCOPE, STABLE_KEYS)
+        self.exporter = Exporter(self.export_settings, encoder, post,
                                  user_agent=f"llm-gateway/{gateway.__version__} OTLP/HTTP")
-        log.info("tracing_on", endpoint=self.export_settings.endpoint, sampler=self.sampler.description,
+        log.info("tracing_on", endpoint=self.export_settings.endpoint, protocol=self.export_settings.protocol,
+                 sampler=self.sampler.description, propagators=",".join(sorted(propagating)) or "none",
                  service=self.resource["service.name"])
 
     def start(self, headers: Mapping[str, str], ctx: RequestContext) -> RequestTrace:
-        """The request's trace, continuing the caller's when its headers carry a valid `traceparent`."""
-        parent = parse_traceparent(headers) if "traceparent" in headers else None
+        """The request's trace, continuing the caller's when its headers carry a valid `traceparent` (and
+        tracecontext is propagated); the caller's `baggage` kept for the backend (when baggage is)."""
+        baggage = parse_baggage(_all(headers, "baggage")) if self.baggage and "baggage" in headers else ""
+        parent = parse_traceparent(headers) if self.tracecontext and "traceparent" in headers else None
         if parent is None:
             trace_id = getrandbits(128) or _new_id(128)
-            return RequestTrace(self, trace_id, 0, "", self.sampler.sampled(trace_id, None), FLAG_HAS_IS_REMOTE)
+            return RequestTrace(self, trace_id, 0, "", self.sampler.sampled(trace_id, None), FLAG_HAS_IS_REMOTE,
+                                baggage)
         trace_id, parent_id, parent_sampled, trace_state = parent
         return RequestTrace(self, trace_id, parent_id, trace_state, self.sampler.sampled(trace_id, parent_sampled),
-                            FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE)
+                            FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE, baggage)
 
     @property
     def dropped_spans(self) -> int:
@@ -208,12 +257,13 @@ class Tracing:
 
 
 class RequestTrace:
-    __slots__ = ("_tracing", "trace_id", "span_id", "parent_id", "trace_state", "recording", "_flags", "_start_ns",
-                 "_spans", "_upstream", "_answer", "_sent_at", "_first_byte_at", "_finished")
+    __slots__ = ("_tracing", "trace_id", "span_id", "parent_id", "trace_state", "baggage", "recording", "_flags",
+                 "_start_ns", "_spans", "_upstream", "_answer", "_sent_at", "_first_byte_at", "_finished")
 
     def __init__(self, tracing: Tracing, trace_id: int, parent_id: int, trace_state: str, sampled: bool,
-                 flags: int) -> None:
+                 flags: int, baggage: str = "") -> None:
         self._tracing = tracing
+        self.baggage = baggage  # the caller's, for the backend
         self.trace_id = trace_id
         self.span_id = getrandbits(64) or _new_id(64)  # the request's span (upstream's parent when not sampled)
         self.parent_id = parent_id  # the caller's span, 0 when none
@@ -228,20 +278,16 @@ class RequestTrace:
         self._first_byte_at: float | None = None  # ... and when the backend's first byte came
         self._finished = False
 
-    def stage(self, stage: StageCall, ctx: RequestContext) -> Awaitable[Reply | None]:
-        """Run one stage (await it), traced when it gets a span. Spans of stages with nothing to show (no
-        classifier score, no cache lookup) are left out; a span is recorded when its stage ends (or, for
-        the stage that answers, when the answer has been sent). A stage without a span of its own is
-        returned as is: no wrapper on its way."""
-        kind = type(stage)
-        name = _SPAN_OF.get(kind, _UNSEEN)
-        if name is _UNSEEN:
-            name = _SPAN_OF[kind] = SPANS.get(kind.__name__)
-        return stage(ctx) if name is None else self._traced(name, stage, ctx)
+    def stage(self, span: str | None, stage: StageCall, ctx: RequestContext) -> Awaitable[Reply | None]:
+        """Run one stage (await it), traced when the request path gives it a span (`span`: its name, None:
+        none). Spans of stages with nothing to show (no classifier score, no cache lookup) are left out; a
+        span is recorded when its stage ends (or, for the stage that answers, when the answer has been
+        sent). A stage without a span of its own is returned as is: no wrapper on its way."""
+        return stage(ctx) if span is None else self._traced(span, stage, ctx)
 
     async def _traced(self, name: str, stage: StageCall, ctx: RequestContext) -> Reply | None:
         started_ns = time.time_ns()
-        if name == "upstream":
+        if name == UPSTREAM:
             self._upstream = getrandbits(64) or _new_id(64)
             self._sent_at = time.perf_counter()
             ctx.first_byte_hooks.append(self._first_byte)
@@ -258,8 +304,9 @@ class RequestTrace:
 
     def _end(self, name: str, started_ns: int, ctx: RequestContext, error: str | None = None) -> None:
         events: tuple[tuple[str, int], ...] | None = None
-        if name == "upstream" and self._upstream:
-            span_id = self._upstream
+        kind = KIND_INTERNAL
+        if name == UPSTREAM and self._upstream:
+            span_id, kind = self._upstream, KIND_CLIENT
             keys, values = _upstream(ctx)
             if self._first_byte_at is not None:
                 keys, values = _WITH_TTFB[keys], (*values, (self._first_byte_at - self._sent_at) * 1000)
@@ -269,19 +316,24 @@ class RequestTrace:
         else:
             span_id = getrandbits(64) or _new_id(64)
             keys, values = _stage_attributes(name, ctx)
-        self._spans.append((self.trace_id, span_id, self.span_id, _CHILD_FLAGS, self.trace_state, SPAN_NAMES[name],
-                            KIND_INTERNAL, started_ns, time.time_ns(), keys, values, events, error))
+        span_name = SPAN_NAMES.get(name) or f"gateway.{name}"
+        self._spans.append((self.trace_id, span_id, self.span_id, _CHILD_FLAGS, self.trace_state, span_name, kind,
+                            started_ns, time.time_ns(), keys, values, events, error))
 
     def _first_byte(self, at: float) -> None:
         self._first_byte_at = at
 
     def headers(self) -> dict[str, str]:
-        """`traceparent` (and `tracestate`) for the request to the backend: the upstream span (or, when
-        the trace is not sampled, the request's, flagged so)."""
-        span_id = self._upstream or self.span_id
-        carrier = {"traceparent": f"00-{self.trace_id:032x}-{span_id:016x}-{'01' if self.recording else '00'}"}
-        if self.trace_state:
-            carrier["tracestate"] = self.trace_state
+        """What the propagators give the request to the backend: `traceparent` (and `tracestate`) of the
+        upstream span (or, when the trace is not sampled, the request's, flagged so); the caller's `baggage`."""
+        carrier = {}
+        if self._tracing.tracecontext:
+            span_id = self._upstream or self.span_id
+            carrier["traceparent"] = f"00-{self.trace_id:032x}-{span_id:016x}-{'01' if self.recording else '00'}"
+            if self.trace_state:
+                carrier["tracestate"] = self.trace_state
+        if self.baggage:
+            carrier["baggage"] = self.baggage
         return carrier
 
     def finish(self, ctx: RequestContext) -> None:
@@ -303,21 +355,29 @@ class RequestTrace:
 
 def _ran(name: str, ctx: RequestContext) -> bool:
     """Whether a stage that let the request go on did something worth a span."""
-    if name == "classification":
+    if name == CLASSIFICATION:
         return ctx.difficulty is not None
-    if name == "cache":
+    if name == CACHE:
         return ctx.cache != "off"
     return True
 
 
 def _stage_attributes(name: str, ctx: RequestContext) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    if name == "classification":
+    if name == CLASSIFICATION:
         return (_NONE, _NONE) if ctx.difficulty is None else (_DIFFICULTY, (ctx.difficulty,))
-    if name == "cache":
+    if name == CACHE:
         return _CACHE, (ctx.cache,)
-    if name == "admission":
+    if name == ADMISSION:
         return _QUEUE, (ctx.queue_ms,)
-    return _upstream(ctx)
+    if name == UPSTREAM:
+        return _upstream(ctx)
+    return _NONE, _NONE  # a stage the tracer knows nothing of: its span has its times and status only
+
+
+def _all(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every value of a header (aiohttp's headers are a multidict; a plain mapping has one)."""
+    getall = getattr(headers, "getall", None)
+    return list(getall(name, ())) if getall is not None else [headers[name]]
 
 
 def _upstream(ctx: RequestContext) -> tuple[tuple[str, ...], tuple[Any, ...]]:

@@ -1,31 +1,32 @@
 """OTLP/HTTP export of finished spans: a bounded queue the request path appends to (never blocking,
 dropping and counting when full), and one thread that batches the spans, encodes them as an OTLP
-ExportTraceServiceRequest (protobuf, written here by hand: no SDK span objects, no protobuf runtime)
-and POSTs them to <endpoint>/v1/traces. Configured like the SDK's BatchSpanProcessor and OTLP/HTTP
-exporter, from the same OTEL_* variables (see `ExportSettings.from_environ`).
+ExportTraceServiceRequest (protobuf, written here by hand: no SDK span objects, no protobuf runtime; or
+OTLP/JSON, gateway.tracing.otlp_json) and POSTs them to <endpoint>/v1/traces (gateway.tracing.otlp_http).
+Configured like the SDK's BatchSpanProcessor and OTLP/HTTP exporter, from the same OTEL_* variables (see
+`ExportSettings.from_environ`).
 
 A span is a plain tuple (`SpanRecord`); attributes are a tuple of keys and a tuple of values (None:
-left out), so the request path builds no dict and the encoder caches what repeats."""
+left out), so the request path builds no dict and the encoder caches what repeats. A string that UTF-8
+cannot encode (a lone surrogate) is written with U+FFFD in its place, as protobuf strings must be valid
+UTF-8; a span that cannot be encoded at all is left out of its batch and counted, the others go."""
 
 from __future__ import annotations
 
 import atexit
-import gzip
-import http.client
-import random
-import ssl
+import re
 import struct
 import threading
-import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from typing import Any, Protocol, TypeVar
+from urllib.parse import unquote
 
 import structlog
+
+from gateway.tracing import export_protocol
+from gateway.tracing.otlp_http import ExportFailed, HttpPoster, PartiallyRejected
 
 log = structlog.get_logger("gateway.tracing")
 
@@ -37,12 +38,33 @@ SpanRecord = tuple[int, int, int, int, str, str, int, int, int, tuple[str, ...],
 
 K = TypeVar("K")
 V = TypeVar("V")
-KIND_INTERNAL, KIND_SERVER = 1, 2
+KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 FLAG_SAMPLED = 0x01  # the W3C trace flags in the low byte
 FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE = 0x100, 0x200  # SpanFlags: whether the parent is in another process
 STATUS_ERROR = 2
-RETRYABLE = frozenset({429, 502, 503, 504})
-MAX_ATTEMPTS = 6
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8(text: str) -> bytes:
+    """text as UTF-8, each lone surrogate (which UTF-8 cannot encode) replaced by U+FFFD."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return valid_text(text).encode()
+
+
+def valid_text(text: str) -> str:
+    """text with each lone surrogate replaced by U+FFFD (the replacement character)."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+class SpanEncoder(Protocol):
+    """Encodes a batch of spans as one export request's body (protobuf or JSON); counts the spans it had to
+    leave out."""
+
+    unencodable: int
+
+    def request(self, spans: Iterable[SpanRecord]) -> bytes: ...
 
 
 def _env_number(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -78,6 +100,7 @@ class ExportSettings:
     """Where and how spans are exported, and the queue's bounds (the SDK's defaults)."""
 
     endpoint: str = "http://localhost:4318/v1/traces"
+    protocol: str = "http/protobuf"  # or http/json
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 10.0  # per export, its retries included
     compression: str = "none"  # none | gzip | deflate
@@ -91,11 +114,13 @@ class ExportSettings:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], endpoint: str | None = None) -> ExportSettings:
-        """From the standard variables, as the SDK read them: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT (the
-        signal's used as is, the generic one + /v1/traces), _HEADERS, _TIMEOUT (seconds, as the Python
-        SDK reads it), _COMPRESSION, _CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY; OTEL_BSP_SCHEDULE_DELAY,
-        OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BSP_EXPORT_TIMEOUT (milliseconds).
-        `endpoint` (the routes file's collector base URL) comes before the variables."""
+        """From the standard variables, as the specification reads them: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+        (the signal's used as is, the generic one + /v1/traces), _PROTOCOL (http/protobuf, http/json; grpc
+        refused: gateway.tracing.export_protocol), _HEADERS, _TIMEOUT (milliseconds, as the specification
+        says: the Python SDK reads seconds), _COMPRESSION, _CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY;
+        OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+        OTEL_BSP_EXPORT_TIMEOUT (milliseconds). `endpoint` (the routes file's collector base URL) comes
+        before the variables."""
         if endpoint:
             url = f"{endpoint.rstrip('/')}/v1/traces"
         elif environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
@@ -112,8 +137,9 @@ class ExportSettings:
             "OTEL_EXPORTER_OTLP_TIMEOUT"
         queue = max(1, int(_env_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)))
         batch = max(1, int(_env_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)))
-        return cls(endpoint=url, headers=headers, timeout_s=max(0.001, _env_number(environ, timeout, 10.0)),
-                   compression=compression, certificate=_signal(environ, "CERTIFICATE"),
+        return cls(endpoint=url, protocol=export_protocol(environ), headers=headers,
+                   timeout_s=max(1.0, _env_number(environ, timeout, 10000)) / 1000, compression=compression,
+                   certificate=_signal(environ, "CERTIFICATE"),
                    client_certificate=_signal(environ, "CLIENT_CERTIFICATE"), client_key=_signal(environ, "CLIENT_KEY"),
                    schedule_delay_s=max(1.0, _env_number(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000)) / 1000,
                    max_queue_size=queue, max_batch_size=min(batch, queue),
@@ -152,7 +178,7 @@ def any_value(value: Any) -> bytes:
     """An AnyValue: string 1, bool 2, int 3, double 4, array 5 (values 1), bytes 7."""
     kind = type(value)
     if kind is str:
-        return _delimited(b"\x0a", value.encode())
+        return _delimited(b"\x0a", utf8(value))
     if kind is float:
         return b"\x21" + _pack_double(value)
     if kind is bool:
@@ -163,16 +189,22 @@ def any_value(value: Any) -> bytes:
         return _delimited(b"\x2a", b"".join(_delimited(b"\x0a", any_value(item)) for item in value))
     if isinstance(value, (bytes, bytearray)):
         return _delimited(b"\x3a", bytes(value))
-    if isinstance(value, str):  # subclasses (enums)
-        return _delimited(b"\x0a", str(value).encode())
+    return any_value(plain_value(value))
+
+
+def plain_value(value: Any) -> str | bool | int | float:
+    """A value of another type as the attribute value it stands for: a str, bool or int subclass (enums)
+    as its base type, a number-like (numpy scalars and the like) as a float, anything else as its str()."""
+    if isinstance(value, str):
+        return str(value)
     if isinstance(value, bool):
-        return any_value(bool(value))
+        return bool(value)
     if isinstance(value, int):
-        return any_value(int(value))
+        return int(value)
     try:
-        return any_value(float(value))  # numpy scalars and the like
+        return float(value)
     except (TypeError, ValueError):
-        return any_value(str(value))
+        return str(value)
 
 
 class _Plan:
@@ -208,9 +240,10 @@ class Encoder:
         self._strings: dict[tuple[str, Any], bytes] = {}  # whole Span.attributes (9) fields
         self._names: dict[str, bytes] = {}
         self._events: dict[str, tuple[bytes, bytes]] = {}  # Span.events (11) around the time
+        self.unencodable = 0  # spans left out of their batch: they could not be encoded
         attributes = b"".join(_delimited(b"\x0a", self._key_value(k, v)) for k, v in resource.items())
         self._resource = _delimited(b"\x0a", attributes)  # ResourceSpans.resource (Resource.attributes 1)
-        self._scope = _delimited(b"\x0a", _delimited(b"\x0a", scope.encode()))  # ScopeSpans.scope (name 1)
+        self._scope = _delimited(b"\x0a", _delimited(b"\x0a", utf8(scope)))  # ScopeSpans.scope (name 1)
 
     def _cached(self, cache: dict[K, V], key: K, encoded: V) -> V:
         if len(cache) >= self.CACHE_LIMIT:
@@ -220,7 +253,7 @@ class Encoder:
 
     def _key(self, key: str) -> bytes:
         prefix = self._keys.get(key)
-        return prefix if prefix is not None else self._cached(self._keys, key, _delimited(b"\x0a", key.encode()))
+        return prefix if prefix is not None else self._cached(self._keys, key, _delimited(b"\x0a", utf8(key)))
 
     def _key_value(self, key: str, value: Any) -> bytes:
         return self._key(key) + _delimited(b"\x12", any_value(value))
@@ -286,7 +319,7 @@ class Encoder:
         """Span.events (11): an Event (time_unix_nano 1, name 2)."""
         around = self._events.get(name)
         if around is None:
-            named = _delimited(b"\x12", name.encode())
+            named = _delimited(b"\x12", utf8(name))
             around = self._cached(self._events, name, (b"\x5a" + varint(9 + len(named)) + b"\x09", named))
         return around[0] + _pack_fixed64(at) + around[1]
 
@@ -295,19 +328,19 @@ class Encoder:
         _, span_id, parent_id, flags, trace_state, name, kind, start, end, keys, values, events, error = span
         parts = [trace_head, _pack_span_id(0x1208, span_id)]
         if trace_state:
-            parts.append(_delimited(b"\x1a", trace_state.encode()))
+            parts.append(_delimited(b"\x1a", utf8(trace_state)))
         if parent_id:
             parts.append(_pack_span_id(0x2208, parent_id))
         named = self._names.get(name)
         if named is None:
-            named = self._cached(self._names, name, _delimited(b"\x2a", name.encode()))
+            named = self._cached(self._names, name, _delimited(b"\x2a", utf8(name)))
         parts += (named, _pack_times(0x30, kind, 0x39, start, 0x41, end))
         if keys:
             self._attributes(keys, values, parts.append)
         if events:
             parts += [self._event(event_name, at) for event_name, at in events]
         if error is not None:  # Status: message 2, code 3
-            message = _delimited(b"\x12", error.encode()) if error else b""
+            message = _delimited(b"\x12", utf8(error)) if error else b""
             parts.append(_delimited(b"\x7a", message + b"\x18" + _ONE_BYTE[STATUS_ERROR]))
         parts.append(_pack_flags(0x0185, flags))  # flags: field 16, fixed32 (the tag's varint: 0x85 0x01)
         return _delimited(b"\x12", b"".join(parts))
@@ -315,9 +348,14 @@ class Encoder:
     def request(self, spans: Iterable[SpanRecord]) -> bytes:
         encoded, last_trace, trace_head = [], -1, b""
         for span in spans:  # a trace's spans are queued together: its id is encoded once
-            if span[0] != last_trace:
-                last_trace, trace_head = span[0], b"\x0a\x10" + span[0].to_bytes(16, "big")
-            encoded.append(self._span(span, trace_head))
+            try:
+                if span[0] != last_trace:
+                    last_trace, trace_head = span[0], b"\x0a\x10" + span[0].to_bytes(16, "big")
+                encoded.append(self._span(span, trace_head))
+            except Exception:  # this span only: the batch goes without it
+                self.unencodable += 1
+                last_trace = -1
+                log.exception("trace_span_unencodable", name=span[5] if len(span) > 5 else None)
         scope_spans = self._scope + b"".join(encoded)
         resource_spans = self._resource + _delimited(b"\x12", scope_spans)
         return _delimited(b"\x0a", resource_spans)
@@ -329,13 +367,13 @@ class Exporter:
     """The bounded span queue and the thread that empties it. `submit` is the request path's only call:
     it appends or drops, never waits. `post` replaces the HTTP POST (benchmarks, tests)."""
 
-    def __init__(self, settings: ExportSettings, encoder: Encoder, post: Callable[[bytes], None] | None = None,
+    def __init__(self, settings: ExportSettings, encoder: SpanEncoder, post: Callable[[bytes], None] | None = None,
                  user_agent: str = "llm-gateway") -> None:
         self.settings = settings
         self.encoder = encoder
         self.dropped = 0  # spans the full queue turned away (written by the request path only)
         self.exported = 0
-        self.failed = 0  # spans whose export failed for good
+        self.failed = 0  # spans whose export failed for good (refused, rejected, unencodable)
         self._queue: deque[SpanRecord] = deque()
         self._max_queue = settings.max_queue_size
         self._batch = settings.max_batch_size
@@ -344,9 +382,9 @@ class Exporter:
         self._flushed: list[threading.Event] = []
         self._reported_drops = 0
         self._stopped = threading.Event()  # cuts retries' backoff short
-        self._poster: _HttpPoster | None = None
+        self._poster: HttpPoster | None = None
         if post is None:
-            self._poster = _HttpPoster(settings, user_agent, self._stopped)
+            self._poster = HttpPoster(settings, user_agent, self._stopped)
             post = self._poster.post
         self._post = post
         self._thread = threading.Thread(target=self._run, name="otlp-trace-exporter", daemon=True)
@@ -398,15 +436,25 @@ class Exporter:
         queue, popleft, size = self._queue, self._queue.popleft, self._batch
         while len(queue) >= size or (everything and queue):
             batch = [popleft() for _ in range(min(size, len(queue)))]
+            before = self.encoder.unencodable
+            body = self.encoder.request(batch)
+            left_out = self.encoder.unencodable - before
+            sent = len(batch) - left_out
+            self.failed += left_out
             try:
-                self._post(self.encoder.request(batch))
-                self.exported += len(batch)
+                self._post(body)
+                self.exported += sent
+            except PartiallyRejected as err:
+                self.exported += sent - err.rejected
+                self.failed += err.rejected
+                log.warning("trace_spans_rejected", spans=sent, rejected=err.rejected, endpoint=self.settings.endpoint,
+                            reason=str(err))
             except ExportFailed as err:
-                self.failed += len(batch)
-                log.warning("trace_export_failed", spans=len(batch), endpoint=self.settings.endpoint, reason=str(err))
+                self.failed += sent
+                log.warning("trace_export_failed", spans=sent, endpoint=self.settings.endpoint, reason=str(err))
             except Exception:
-                self.failed += len(batch)
-                log.exception("trace_export_failed", spans=len(batch), endpoint=self.settings.endpoint)
+                self.failed += sent
+                log.exception("trace_export_failed", spans=sent, endpoint=self.settings.endpoint)
 
     def _report_drops(self) -> None:
         dropped = self.dropped
@@ -414,111 +462,3 @@ class Exporter:
             log.warning("trace_spans_dropped", dropped=dropped - self._reported_drops, total=dropped,
                         max_queue_size=self._max_queue)
             self._reported_drops = dropped
-
-
-class ExportFailed(Exception):
-    pass
-
-
-class _HttpPoster:
-    """POST to the collector over one kept-alive connection, retrying like the SDK's OTLP/HTTP exporter:
-    a dropped connection once at once, 429/502/503/504 and connection errors with exponential backoff
-    (Retry-After honoured), up to 6 attempts within the timeout; no waiting for a retry once stopping."""
-
-    def __init__(self, settings: ExportSettings, user_agent: str, stopped: threading.Event) -> None:
-        self.settings = settings
-        self._stopped = stopped
-        url = urlsplit(settings.endpoint)
-        self._invalid = None if url.scheme in ("http", "https") and url.hostname else \
-            f"the OTLP endpoint is not an http(s) URL: {settings.endpoint!r}"
-        if self._invalid:  # as with the SDK, the gateway runs; each export fails (and says why)
-            log.error("tracing_bad_endpoint", endpoint=settings.endpoint)
-        self._https = url.scheme == "https"
-        self._host, self._port = url.hostname or "", url.port
-        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-        self._headers = {"content-type": "application/x-protobuf", "user-agent": user_agent, **settings.headers}
-        if settings.compression != "none":
-            self._headers.setdefault("content-encoding", settings.compression)
-        self._ssl: ssl.SSLContext | None = None
-        if self._https and not self._invalid:
-            try:
-                self._ssl = ssl.create_default_context(cafile=settings.certificate)
-                if settings.client_certificate:
-                    self._ssl.load_cert_chain(settings.client_certificate, settings.client_key)
-            except (OSError, ssl.SSLError) as err:
-                self._invalid = f"the OTLP certificates could not be loaded: {err}"
-                log.error("tracing_bad_certificates", error=str(err))
-        self._conn: http.client.HTTPConnection | None = None
-
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._conn is None:
-            if self._https:
-                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
-            else:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-        else:
-            self._conn.timeout = timeout
-            if self._conn.sock is not None:
-                self._conn.sock.settimeout(timeout)
-        return self._conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def _send(self, body: bytes, timeout: float) -> tuple[int, str, str | None]:
-        """(status, reason, Retry-After) of one POST; a stale kept-alive connection is retried once."""
-        for attempt in (0, 1):
-            try:
-                conn = self._connection(timeout)
-                conn.request("POST", self._path, body=body, headers=self._headers)
-                response = conn.getresponse()
-                response.read()
-                if response.will_close:
-                    self.close()
-                return response.status, response.reason, response.getheader("Retry-After")
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                self.close()
-                if attempt:
-                    raise
-            except BaseException:
-                self.close()
-                raise
-        raise AssertionError("unreachable")
-
-    def post(self, body: bytes) -> None:
-        if self._invalid:
-            raise ExportFailed(self._invalid)
-        if self.settings.compression == "gzip":
-            body = gzip.compress(body, compresslevel=6)
-        elif self.settings.compression == "deflate":
-            body = zlib.compress(body)
-        deadline = time.monotonic() + self.settings.timeout_s
-        for attempt in range(MAX_ATTEMPTS):
-            remaining = deadline - time.monotonic()
-            try:
-                status, reason, retry_after = self._send(body, max(remaining, 0.001))
-            except (OSError, http.client.HTTPException) as err:
-                failure, retryable, backoff = f"{type(err).__name__}: {err}", True, None
-            else:
-                if 200 <= status < 400:
-                    return
-                failure, retryable, backoff = f"HTTP {status} {reason}", status in RETRYABLE, _seconds(retry_after)
-            if backoff is None:
-                backoff = 2 ** attempt * random.uniform(0.8, 1.2)
-            if not retryable or attempt + 1 == MAX_ATTEMPTS or backoff > deadline - time.monotonic():
-                raise ExportFailed(failure)
-            log.info("trace_export_retry", reason=failure, retry_in_s=round(backoff, 2))
-            if self._stopped.wait(backoff):
-                raise ExportFailed(f"{failure} (not retried: shutting down)")
-        raise ExportFailed("retries exhausted")
-
-
-def _seconds(retry_after: str | None) -> float | None:
-    if retry_after is None:
-        return None
-    try:
-        return max(float(retry_after.strip()), 0.0)
-    except ValueError:
-        return None  # an HTTP date: back off as usual

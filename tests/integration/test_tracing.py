@@ -144,6 +144,8 @@ async def test_one_trace_per_request_with_stage_spans_and_genai_attributes(start
         children = {s.name: s for s in receiver.spans if s.trace_id == root.trace_id and s is not root}
         assert set(children) == STAGES and all(c.parent_span_id == root.span_id for c in children.values())
         upstream = children["gateway.upstream"]
+        assert upstream.kind == Span.SPAN_KIND_CLIENT  # the call to the replica: service graphs draw the edge
+        assert {c.kind for name, c in children.items() if name != "gateway.upstream"} == {Span.SPAN_KIND_INTERNAL}
         assert upstream.end_time_unix_nano <= root.end_time_unix_nano
         assert attributes(upstream)["gateway.ttfb_ms"] > 0 and "first_byte" in {e.name for e in upstream.events}
         assert attributes(children["gateway.admission"])["gateway.queue_ms"] == 0.0
@@ -306,9 +308,9 @@ async def test_traces_record_errors_and_send_the_right_traceparent() -> None:
         trace = tracing.start(caller, ctx)
         assert trace.recording and trace.headers() == {"traceparent": f"00-{CALLER_TRACE}-{trace.span_id:016x}-01",
                                                        "tracestate": "v=1"}
-        await trace.stage(AdmissionStage(), ctx)
+        await trace.stage("admission", AdmissionStage(), ctx)
         with pytest.raises(RuntimeError):
-            await trace.stage(ProxyStage(), ctx)
+            await trace.stage("upstream", ProxyStage(), ctx)
         upstream = trace.headers()["traceparent"]
         ctx.status, ctx.outcome, ctx.error = 500, "internal_error", None
         trace.finish(ctx)
