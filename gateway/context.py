@@ -44,6 +44,7 @@ class RequestContext:
     assignment: Assignment | None = None  # the experiment arm the request is in (policy stage)
     max_tokens: int | None = None
     max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
+    max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
 
     difficulty: float | None = None  # the classifier's score, for model 'auto'
     quality: Mapping[str, float] | None = None  # the quality predictor's score per measured model, for model 'auto'
