@@ -278,7 +278,6 @@ def _logging(args: argparse.Namespace) -> Iterator[None]:
 def _serve(args: argparse.Namespace) -> int:
     from gateway import server
     from gateway.app import create_app
-    from gateway.route_tools import serving_predictor
 
     config = _servable(args)
     if config is None:
@@ -286,35 +285,24 @@ def _serve(args: argparse.Namespace) -> int:
     with _logging(args), _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
         scorer = _scorer(config)
-        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
-        try:
-            server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
-        finally:
-            if predictor is not None:
-                predictor.close()
+                                                 shadow_pairs=args.shadow_pairs))
+        server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.local.up import up
-    from gateway.route_tools import serving_predictor
 
     config = _servable(args)
     if config is None:
         return 1
     with _logging(args), _redis(args, config) as redis_url:
         scorer = _scorer(config)
-        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
-        try:
-            return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
-        finally:
-            if predictor is not None:
-                predictor.close()
+                                                 shadow_pairs=args.shadow_pairs))
+        return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
 
 
 def _emulate(args: argparse.Namespace) -> int:

@@ -43,13 +43,8 @@ class RequestContext:
     tenant: TenantPolicy | None = None  # set by the policy stage (an experiment arm's policy when in one)
     assignment: Assignment | None = None  # the experiment arm the request is in (policy stage)
     max_tokens: int | None = None
-    max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
-    max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
 
     difficulty: float | None = None  # the classifier's score, for model 'auto'
-    quality: Mapping[str, float] | None = None  # the quality predictor's score per measured model, for model 'auto'
-    quality_choice: QualityChoice | None = None  # the tier quality_floor chose, the options and why (route)
-    route_reason: str | None = None  # why model 'auto' went to its tier (route)
     tier: Tier | None = None
     candidates: tuple[Replica, ...] = ()
     prompt_tokens_est: int = 0  # the prompt's length in tokens, guessed from its characters (for routing)
@@ -58,7 +53,6 @@ class RequestContext:
     prefix_tokens: int = 0  # ... and its length in tokens
     predicted_ttft_s: float | None = None  # the chosen replica's predicted TTFT at admission
     brownout_from: str | None = None  # the saturated tier this request was moved away from
-    rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.detour)
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)
