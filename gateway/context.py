@@ -43,6 +43,7 @@ class RequestContext:
     tenant: TenantPolicy | None = None  # set by the policy stage (an experiment arm's policy when in one)
     assignment: Assignment | None = None  # the experiment arm the request is in (policy stage)
     max_tokens: int | None = None
+    max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
 
     difficulty: float | None = None  # the classifier's score, for model 'auto'
     tier: Tier | None = None

@@ -169,6 +169,8 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
         headers["x-gateway-difficulty"] = f"{ctx.difficulty:.4f}"
     if ctx.assignment is not None:
         headers["x-gateway-arm"] = ctx.assignment.header
+    if ctx.max_tokens_asked is not None:
+        headers["x-gateway-max-tokens-clamped"] = f"{ctx.max_tokens_asked}->{ctx.max_tokens}"
     if extra:
         headers.update(extra)
     return headers

@@ -64,6 +64,8 @@ class Accountant:
             "queue_ms": round(ctx.queue_ms, 3),
             "predicted_ttft_ms": _ms(ctx.predicted_ttft_s),
             "brownout_from": ctx.brownout_from,
+            "max_tokens": ctx.max_tokens,
+            "max_tokens_clamped_from": ctx.max_tokens_asked,
             "attempts": ctx.attempts,
             "prefix_blocks": ctx.prefix_blocks,
             "output_capped": ctx.output_capped,

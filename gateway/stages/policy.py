@@ -104,7 +104,8 @@ def apply_limits(ctx: RequestContext, tenant: TenantPolicy) -> int:
 
 
 def _max_tokens(ctx: RequestContext, tenant: TenantPolicy) -> int:
-    """The request's max_tokens after the tenant's default, cap (clamp or reject) and output cap."""
+    """The request's max_tokens after the tenant's default, cap (clamp or reject) and output cap; a clamped
+    request keeps what it asked in `ctx.max_tokens_asked`."""
     rule = tenant.max_tokens
     asked = ctx.max_tokens
     if asked is not None and asked > rule.maximum and rule.on_exceed == "reject":
@@ -113,7 +114,10 @@ def _max_tokens(ctx: RequestContext, tenant: TenantPolicy) -> int:
                              param=name, code="max_tokens_exceeded")
     limit = rule.default if asked is None else min(asked, rule.maximum)
     cap = tenant.output_cap.tokens if tenant.output_cap else None
-    return limit if cap is None else min(limit, cap)
+    granted = limit if cap is None else min(limit, cap)
+    if asked is not None and granted < asked:  # said in x-gateway-max-tokens-clamped and the log line
+        ctx.max_tokens_asked = asked
+    return granted
 
 
 def _set_max_tokens(body: dict[str, Any], limit: int) -> None:
