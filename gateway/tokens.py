@@ -2,7 +2,7 @@
 
 A counter reproduces the backend's own prompt: its chat template and its tokenizer, so counted
 prompt tokens equal what the backend would have reported. Tier `tokenizer` specs:
-  gguf:<local model>[:<chat format>]   llama.cpp's vocabulary and chat template (default gemma): exact
+  gguf:<local model>[:<chat format>]   llama.cpp's vocabulary and built-in chat template (gemma): exact
   emulator                             the backend emulator's tokenizer and chat rendering: exact
   <path to tokenizer.json>             a Hugging Face tokenizer over the messages' text: approximate
                                        (no chat template); the default is the MiniLM WordPiece one
@@ -64,28 +64,58 @@ class HFTokenCounter:
         return ids if ids is not None else self.count(prompt_text(endpoint, body))
 
 
+def render_gemma(messages: list[dict[str, Any]]) -> str:
+    """llama.cpp's built-in `gemma` chat template (`llama-server --chat-template gemma`): system text merged
+    into the next user turn, each content trimmed, then the model's turn opened."""
+    out, system = [], ""
+    for message in messages:
+        role, content = message.get("role"), _message_text(message.get("content")).strip()
+        if role == "system":
+            system += content
+            continue
+        role = "model" if role == "assistant" else role
+        out.append(f"<start_of_turn>{role}\n")
+        if system and role != "model":
+            out.append(f"{system}\n\n")
+            system = ""
+        out.append(f"{content}<end_of_turn>\n")
+    out.append("<start_of_turn>model\n")
+    return "".join(out)
+
+
+def _message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+CHAT_TEMPLATES = {"gemma": render_gemma}
+
+
 class GgufTokenCounter:
-    """A local GGUF model's vocabulary (llama.cpp, vocabulary only) and a llama-cpp-python chat format."""
+    """A local GGUF model's vocabulary (llama.cpp, vocabulary only) and the chat template its server applies."""
 
     def __init__(self, model: str, chat_format: str = "gemma") -> None:
-        from llama_cpp import Llama, llama_chat_format
-
         from gateway.local.models import resolve
+        from gateway.local.vocab import GgufVocab
 
-        self._llama = Llama(str(resolve(model)), vocab_only=True, verbose=False)
-        self._format = getattr(llama_chat_format, f"format_{chat_format.replace('-', '_')}")
+        if chat_format not in CHAT_TEMPLATES:
+            raise ValueError(f"unknown chat format {chat_format!r} for gguf:{model}; known: {', '.join(CHAT_TEMPLATES)}")
+        self._vocab = GgufVocab(resolve(model))
+        self._render = CHAT_TEMPLATES[chat_format]
 
     def count(self, text: str) -> int:
-        return len(self._llama.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+        return len(self._vocab.tokenize(text)) if text else 0
 
     def count_prompt(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
         ids = _token_ids(body)
         if ids is not None:
             return ids
-        if endpoint == "chat":  # as llama-cpp-python's chat handler: template, BOS, special tokens
-            rendered = self._format(messages=body.get("messages", [])).prompt
-            return len(self._llama.tokenize(rendered.encode(), add_bos=True, special=True))
-        return len(self._llama.tokenize(prompt_text(endpoint, body).encode(), add_bos=True, special=True))
+        if endpoint == "chat":  # as llama-server: the template's text, then BOS and special tokens parsed
+            return len(self._vocab.tokenize(self._render(body.get("messages", [])), add_bos=True, special=True))
+        return len(self._vocab.tokenize(prompt_text(endpoint, body), add_bos=True, special=True))
 
 
 class EmulatorTokenCounter:

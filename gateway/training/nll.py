@@ -92,15 +92,9 @@ class NllScorer:
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         """Token ids of `text`, no BOS; `special` parses markers like <start_of_turn>."""
-        raw = text.encode("utf-8", errors="replace")
-        size = len(raw) + 8
-        buf = (self._lc.llama_token * size)()
-        n = self._lc.llama_tokenize(self._vocab, raw, len(raw), buf, size, False, special)
-        if n < 0:
-            size = -n
-            buf = (self._lc.llama_token * size)()
-            n = self._lc.llama_tokenize(self._vocab, raw, len(raw), buf, size, False, special)
-        return [int(t) for t in buf[:n]]
+        from gateway.local.vocab import tokenize
+
+        return tokenize(self._lc, self._vocab, text, add_bos=False, special=special)
 
     def example(
         self, prompt: str, answer: str, prompt_cap: int = PROMPT_CAP, answer_cap: int = ANSWER_CAP
