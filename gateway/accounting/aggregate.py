@@ -12,7 +12,7 @@ from typing import cast
 from gateway.accounting.quantiles import QuantileSketch
 from gateway.accounting.records import Record
 
-DIMENSIONS = ("tenant", "tier", "day")
+DIMENSIONS = ("tenant", "tier", "day", "session")  # session: one chat end to end (issue 32)
 KeyPart = str | date | None
 GroupKey = tuple[KeyPart, ...]
 

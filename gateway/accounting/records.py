@@ -60,6 +60,7 @@ class Record:
     baseline: Decimal
     saved: Decimal
     priced_baseline: bool  # the line carried baseline_cost_usd or saved_usd
+    session: str | None = None  # the conversation's session id (a sticky-tier session), when it had one
 
     @property
     def served(self) -> bool:
@@ -136,6 +137,7 @@ def _record(obj: dict[str, Any], line: bytes) -> Record:
     return Record(
         _day(ts), tenant, tier, status, prompt, completion, ttft, e2e, cache in HIT_STATES,
         cost, _money(obj, line, "avoided_cost_usd") or _ZERO, baseline, saved, priced,
+        session if type(session := get("session")) is str else None,
     )  # fmt: skip
 
 

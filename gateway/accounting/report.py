@@ -1,6 +1,9 @@
-"""`gateway costs`: totals by tenant / tier / day over rotated request logs, as a table, CSV and chart.
+"""`gateway costs`: totals by tenant / tier / day / session over rotated request logs, as a table, CSV and chart.
 
-    gateway costs LOGS... [--by tenant,tier,day] [--from DATE] [--to DATE] [--csv OUT] [--plot OUT]
+    gateway costs LOGS... [--by tenant,tier,day,session] [--from DATE] [--to DATE] [--csv OUT] [--plot OUT]
+
+`--by session` (or tenant,session) sums each sticky-tier conversation end to end: every turn, every tier it
+went through, resumed parts included; requests outside a session share the "(none)" row.
 
 Also runnable as `python -m gateway.accounting.report LOGS...`. Exit status: 0 done, 1 the CSV or
 chart could not be written, 2 bad arguments or unreadable log files.

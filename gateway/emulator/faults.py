@@ -20,7 +20,8 @@ class FaultConfig:
     retry_after_s: float = 1.0
     stall_s: float = 0.0  # stall before the first token (headers already sent when streaming)
     stall_rate: float = 1.0
-    disconnect_after_tokens: int | None = None  # abort the connection after N tokens
+    disconnect_after_tokens: int | None = None  # abort the connection after N tokens of the answer (a continued
+    # answer counts its prefill: the fault sits at one place in the answer)
     disconnect_rate: float = 1.0
     malformed_sse: bool = False  # emit a garbage SSE event after the first token
     malformed_rate: float = 1.0

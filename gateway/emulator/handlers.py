@@ -17,6 +17,7 @@ from .faults import FaultDecision
 from .parse import BadRequest, GenRequest, Kind, parse_body
 from .sequence import Sequence, SeqState
 from .stats import Status
+from .tokens import output_count
 from .wire import DONE, MALFORMED, SSE_HEADERS, StreamFormatter, completion_body, error_response
 
 ENGINE_KEY = web.AppKey("emulator_engine", Engine)
@@ -62,7 +63,7 @@ async def _stream(
 ) -> web.StreamResponse:
     fmt = StreamFormatter(req.kind, rid, int(time.time()), req.model, req.include_usage)
     resp = web.StreamResponse(headers=SSE_HEADERS)
-    limit, sent = fault.disconnect_after, 0
+    limit, sent = _disconnect_at(fault, req), 0
     status: Status = "cancelled"
     try:
         await resp.prepare(request)
@@ -123,6 +124,17 @@ async def _whole(
         return web.Response(body=body, content_type="application/json")
     finally:
         engine.release(seq, status, seq.generated if status == "completed" else 0)
+
+
+def _disconnect_at(fault: FaultDecision, req: GenRequest) -> int | None:
+    """Tokens of this stream before an injected disconnect. The fault sits at a place in the answer: a request
+    continuing an answer (its prefill) counts the prefill's tokens too, so a continuation that starts past
+    the place streams on (None: no disconnect)."""
+    limit = fault.disconnect_after
+    if limit is None or req.prefill is None:
+        return limit
+    left = limit - (output_count(req.prefill) or 0)
+    return left if left > 0 else None
 
 
 def _drop_connection(request: web.Request) -> None:

@@ -207,3 +207,19 @@ def test_tiny_amounts_are_plain_decimals_in_the_csv(tmp_path: Path) -> None:
     rows = run_csv(tmp_path, [log])
     assert [r["cost_usd"] for r in rows] == ["0.000000001"] * 2
     assert rows[0]["routing_savings_usd"] == "0.000000019" and rows[0]["ttft_p50_ms"] == ""
+
+
+def test_grouping_by_session_sums_each_conversation_end_to_end(tmp_path: Path) -> None:
+    """Issue 32: a chat's turns on two tiers, one of them resumed, are one row; requests without a session one more."""
+    log = tmp_path / "requests.log"
+    base = {"event": "request", "ts": "2026-11-21T05:52:53.518+00:00", "tenant": "acme", "status": 200,
+            "prompt_tokens": 10, "completion_tokens": 5, "ttft_ms": 1.0, "e2e_ms": 3.0, "cache": "miss"}
+    lines = [{**base, "tier": "small", "session": "s1", "cost_usd": 0.001},
+             {**base, "tier": "large", "session": "s1", "cost_usd": 0.004, "resumed": True},
+             {**base, "tier": "small", "session": "s2", "cost_usd": 0.002},
+             {**base, "tier": "small", "cost_usd": 0.0005}]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = {r["session"]: r for r in run_csv(tmp_path, [log], "--by", "session")}
+    assert (rows["s1"]["requests"], Decimal(rows["s1"]["cost_usd"])) == ("2", Decimal("0.005"))
+    assert (rows["s2"]["requests"], rows["(none)"]["requests"]) == ("1", "1")
+    assert Decimal(rows["TOTAL"]["cost_usd"]) == Decimal("0.0075")
