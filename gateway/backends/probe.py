@@ -6,7 +6,9 @@ probe that times out while the gateway has requests in flight on the replica cha
 server is busy (llama.cpp answers only between two generations), and those requests say if it is not.
 Load: `GET /metrics` at the server's root every `scrape_interval_s`, read with vLLM's names
 (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`; SGLang and
-the emulator speak them too). A server without them (llama.cpp) is asked again only every minute.
+the emulator speak them too) or llama.cpp's `llama-server --metrics` ones (`llamacpp:requests_processing`:
+busy slots, `llamacpp:requests_deferred`: requests waiting for a slot; it reports no KV-cache use). A
+server without any of them is asked again only every minute.
 """
 
 from __future__ import annotations
@@ -30,16 +32,19 @@ GAUGES = {
     "vllm:num_requests_waiting": "waiting",
     "vllm:kv_cache_usage_perc": "kv_usage",
     "vllm:gpu_cache_usage_perc": "kv_usage",
+    "llamacpp:requests_processing": "running",
+    "llamacpp:requests_deferred": "waiting",
 }
+PREFIXES = ("vllm:", "llamacpp:")
 
 log = structlog.get_logger("gateway.probe")
 
 
 def parse_load(text: str, at: float) -> BackendLoad | None:
-    """The vLLM gauges of a Prometheus text page, summed over label sets; None when it has none."""
+    """The vLLM or llama.cpp gauges of a Prometheus text page, summed over label sets; None when it has none."""
     found: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(PREFIXES):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         field = GAUGES.get(name)

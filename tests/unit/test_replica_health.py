@@ -66,3 +66,22 @@ def test_the_vllm_gauges_are_read_and_summed_over_engines() -> None:
     assert load is not None
     assert (load.running, load.waiting, load.kv_usage, load.at) == (5.0, 4.0, 0.75, 5.0)
     assert parse_load("# llama.cpp has no vllm gauges\nfoo 1\n", at=1.0) is None
+
+
+def test_llama_server_gauges_are_read_as_running_and_waiting() -> None:
+    """`llama-server --metrics` (llama.cpp's own names): busy slots run, deferred requests wait."""
+    page = "\n".join([
+        "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens",
+        "# TYPE llamacpp:prompt_tokens_total counter",
+        "llamacpp:prompt_tokens_total 812",
+        "# HELP llamacpp:requests_processing Number of requests processing",
+        "# TYPE llamacpp:requests_processing gauge",
+        "llamacpp:requests_processing 2",
+        "# HELP llamacpp:requests_deferred Number of requests deferred",
+        "# TYPE llamacpp:requests_deferred gauge",
+        "llamacpp:requests_deferred 3",
+        "llamacpp:n_busy_slots_per_decode 1.8",
+    ])
+    load = parse_load(page, at=2.0)
+    assert load is not None
+    assert (load.running, load.waiting, load.kv_usage, load.at) == (2.0, 3.0, 0.0, 2.0)
