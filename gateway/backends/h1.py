@@ -33,6 +33,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.backends.resolver import DnsCache
+
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the replica pauses (a slow client)
 IDLE_S = 15.0  # a pooled connection idle this long is closed (when taken, or when another is put back)
 ACCEPTED_SCHEMES = ("http", "https")
@@ -44,6 +46,9 @@ MAX_HEAD = MAX_LINE + 2 + MAX_HEADERS * (MAX_FIELD + 4) + 2  # what those allow 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 §5.6.2)
 _FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # a header value: no CR, LF, NUL, DEL, nothing past Latin-1
 _OBS_FOLD = re.compile(rb"\r\n[ \t]+")  # a folded header line (obs-fold): one space instead (RFC 9112 §5.2)
+
+
+OriginKey = tuple[str, str, int, ssl.SSLContext | None]  # scheme, host, port, TLS context: a pool of connections
 
 
 class ClientFailure(Exception):
@@ -70,7 +75,7 @@ class UpstreamClosed(ClientFailure):
 class Origin:
     """Where a replica's base URL points: the pool key, the Host header and the path prefix."""
 
-    key: tuple[str, str, int]
+    key: OriginKey
     host: str
     port: int
     host_header: str
@@ -79,37 +84,41 @@ class Origin:
     tls: ssl.SSLContext | None
 
     @classmethod
-    def of(cls, url: str) -> Origin:
+    def of(cls, url: str, tls: ssl.SSLContext | None = None) -> Origin:
+        """`tls`: the replica's own trust and identity for an https:// URL (None: the system's CAs)."""
         parts = urlsplit(url)
         if parts.scheme not in ACCEPTED_SCHEMES or not parts.hostname:
             raise ValueError(f"an upstream URL must be http:// or https:// with a host: {url!r}")
-        tls = ssl.create_default_context() if parts.scheme == "https" else None
+        tls = (tls or ssl.create_default_context()) if parts.scheme == "https" else None
         port = parts.port or (443 if tls else 80)
         host_header = parts.netloc.rpartition("@")[2]
         path, query = parts.path.rstrip("/"), f"?{parts.query}" if parts.query else ""
         if not _is_target(host_header + path + query):
             raise ValueError(f"an upstream URL must be printable ASCII without spaces: {url!r}")
-        return cls((parts.scheme, parts.hostname, port), parts.hostname, port, host_header, path, query, tls)
+        return cls((parts.scheme, parts.hostname, port, tls), parts.hostname, port, host_header, path, query, tls)
 
 
 class UpstreamClient:
     """Pooled keep-alive connections per replica origin (no limit on their number, as before)."""
 
-    def __init__(self, idle_s: float = IDLE_S, on_resend: Callable[[], None] | None = None) -> None:
+    def __init__(self, idle_s: float = IDLE_S, on_resend: Callable[[], None] | None = None,
+                 dns: DnsCache | None = None) -> None:
         self.idle_s = idle_s
+        self.dns = dns or DnsCache()
         self.resends = 0  # requests sent again on a new connection (the replica may have received them twice)
         self._on_resend = on_resend  # told of each (a Prometheus counter)
-        self._origins: dict[str, Origin] = {}
-        self._idle: dict[tuple[str, str, int], deque[Connection]] = {}  # most recently used last
+        self._origins: dict[tuple[str, ssl.SSLContext | None], Origin] = {}
+        self._idle: dict[OriginKey, deque[Connection]] = {}  # most recently used last
         self._closed = False
 
     async def post(self, base_url: str, path: str, body: bytes, headers: str, *, connect_s: float,
-                   read_s: float | None) -> Response:
+                   read_s: float | None, tls: ssl.SSLContext | None = None) -> Response:
         """POST `body` to `base_url + path` with `headers` (complete `Name: value\\r\\n` lines, see
-        `header_lines`); the response once its head has arrived, whatever its status."""
-        origin = self._origins.get(base_url)
+        `header_lines`); the response once its head has arrived, whatever its status. `tls`: the replica's
+        own TLS context for an https:// URL (a CA bundle, a client certificate; None: the system's CAs)."""
+        origin = self._origins.get((base_url, tls))
         if origin is None:
-            origin = self._origins[base_url] = Origin.of(base_url)
+            origin = self._origins[(base_url, tls)] = Origin.of(base_url, tls)
         if not _is_target(path):
             raise ValueError(f"a request path must be printable ASCII without spaces: {path!r}")
         head = (f"POST {origin.path}{path}{origin.query} HTTP/1.1\r\nHost: {origin.host_header}\r\n{headers}"
@@ -136,18 +145,29 @@ class UpstreamClient:
         return response
 
     async def _connect(self, origin: Origin, connect_s: float) -> Connection:
-        loop = asyncio.get_running_loop()
+        """A new connection: the name resolved (`DnsCache`), its addresses tried in order, all within `connect_s`."""
         try:
-            _, connection = await asyncio.wait_for(loop.create_connection(
-                lambda: Connection(self, origin.key, loop), origin.host, origin.port, ssl=origin.tls,
-                server_hostname=origin.host if origin.tls else None), connect_s)
+            return await asyncio.wait_for(self._open(origin), connect_s)
         except TimeoutError:
             raise ConnectTimeout(f"no connection to {origin.host}:{origin.port} in {connect_s:g} s") from None
         except OSError as err:
             raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {err.strerror or err}") from None
-        return connection
 
-    def _take(self, key: tuple[str, str, int]) -> Connection | None:
+    async def _open(self, origin: Origin) -> Connection:
+        loop = asyncio.get_running_loop()
+        failure: OSError = OSError("no address")
+        for family, address in await self.dns.resolve(origin.host, origin.port):
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: Connection(self, origin.key, loop), address, origin.port, family=family, ssl=origin.tls,
+                    server_hostname=origin.host if origin.tls else None)
+                return connection
+            except OSError as err:  # refused, unreachable, or TLS refused: the next address
+                failure = err
+        self.dns.forget(origin.host, origin.port)
+        raise failure
+
+    def _take(self, key: OriginKey) -> Connection | None:
         """The most recently used idle connection to `key` that is still open, fresh, and has neither an end
         nor stray bytes waiting (`Connection.quiet`: a close the event loop has not read yet)."""
         idle = self._idle.get(key)
@@ -218,7 +238,7 @@ def header_lines(headers: dict[str, str]) -> str:
 class Connection(asyncio.Protocol):
     """One keep-alive connection: it feeds the bytes it reads to its current response."""
 
-    def __init__(self, client: UpstreamClient, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: UpstreamClient, key: OriginKey, loop: asyncio.AbstractEventLoop) -> None:
         self.client = client
         self.key = key
         self.loop = loop  # asking asyncio for it costs a getpid() call on Python 3.11
