@@ -1,4 +1,4 @@
-"""`gateway serve | up | emulate | policy check | route explain | route score` and the pass-through commands."""
+"""`gateway serve | up | emulate | policy check`."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _guarded(run: Callable[[], int]) -> int:
 
 PASS_THROUGH = {
     "costs": "cost report over request logs: totals, percentiles, savings, CSV, chart",
-    "train": "fit the difficulty head (--data, --from-shadow) or the quality router (--from-outcomes); train extra",
+    "train": "fit the difficulty head on a labeled JSONL (or --from-shadow pairs) and export it (the train extra)",
     "calibrate": "set routing bands so given shares of a prompt sample reach each tier",
     "bench": "load a server with ShareGPT or synthetic requests; TTFT/TPOT/ITL/E2E, goodput, plots",
     "experiments": "routing experiments: per-arm report with bootstrap intervals; promote an arm (policy diff)",
@@ -53,10 +53,6 @@ def _pass_through(command: str, rest: Sequence[str]) -> int:
         from gateway.accounting.report import run_costs
 
         return run_costs(rest)
-    if command == "train" and "--from-outcomes" in rest:  # the quality router on measured outcomes (issue 33)
-        from gateway.training.outcomes_cli import run_from_outcomes
-
-        return run_from_outcomes(rest)
     if command == "train" and "--from-shadow" in rest:  # labels from the gateway's shadow pairs (issue 22)
         from gateway.training.shadow_labels import run_from_shadow
 
@@ -113,34 +109,14 @@ def _parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=summary)
 
     route = commands.add_parser("route", help="routing tools").add_subparsers()
-    explain = route.add_parser(
-        "explain", help="show how a request would be routed (nothing is sent)",
-        description="Run the routing decision for one chat request without sending it: limits applied, each tier's "
-        "predicted quality and price (quality_floor), difficulty and bands, the tier and why, replica candidates, "
-        "cache status and why. One fact a line; --json for the report as JSON. Exit status: 0 routed, 1 bad config "
-        "or tenant, 2 the request would be refused.")
+    explain = route.add_parser("explain", help="show how a request would be routed (nothing is sent)")
     _add_config_args(explain)
-    explain.add_argument("--tenant", required=True, help="the tenant's name in the policy file (required)")
-    explain.add_argument("--prompt", required=True, help="the user message's text (required)")
-    explain.add_argument("--model", default="auto",
-                         help="the model asked for: auto, or a tier name (default: %(default)s)")
-    explain.add_argument("--max-tokens", type=int, help="the request's max_tokens (default: none, the policy's)")
-    explain.add_argument("--json", action="store_true", help="print the report as JSON (default: one fact a line)")
+    explain.add_argument("--tenant", required=True)
+    explain.add_argument("--prompt", required=True)
+    explain.add_argument("--model", default="auto")
+    explain.add_argument("--max-tokens", type=int)
+    explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.set_defaults(handler=_route_explain)
-    score = route.add_parser(
-        "score", help="predict each tier's answer quality for a JSONL of prompts, and the gain",
-        description="Read one {\"id\", \"prompt\"} a line; write one {\"id\", \"quality\": {tier: score}, \"gain\"} a "
-        "line, gain = the dearest tier's predicted quality minus the cheapest's (sweep thresholds on it with any "
-        "tool). Tiers: the routes file's chat tiers with a quality_model the predictor knows.")
-    score.add_argument("input", type=Path, metavar="IN.jsonl", help="prompts, one {id, prompt} a line")
-    score.add_argument("output", type=Path, metavar="OUT.jsonl", help="where the scores are written")
-    score.add_argument("--routes", type=Path, default=Path(DEFAULT_ROUTES),
-                       help="the tiers and their quality_model (default: %(default)s)")
-    score.add_argument("--predictor", type=Path, default=Path("models/router"),
-                       help="the quality predictor's folder (default: %(default)s)")
-    score.add_argument("--max-tokens", type=int, default=256,
-                       help="output tokens each tier's price assumes (default: %(default)s)")
-    score.set_defaults(handler=_route_score)
 
     policy = commands.add_parser("policy", help="policy file tools").add_subparsers()
     check = policy.add_parser(
@@ -188,10 +164,8 @@ def _redis(args: argparse.Namespace, config: GatewayConfig) -> Iterator[str | No
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--routes", type=Path, default=Path(DEFAULT_ROUTES),
-                        help="the routes file: tiers and their replicas (default: %(default)s)")
-    parser.add_argument("--policies", type=Path, default=Path(DEFAULT_POLICIES),
-                        help="the policy file: tenants and their limits (default: %(default)s)")
+    parser.add_argument("--routes", type=Path, default=Path(DEFAULT_ROUTES))
+    parser.add_argument("--policies", type=Path, default=Path(DEFAULT_POLICIES))
 
 
 def _load(args: argparse.Namespace) -> GatewayConfig | None:
@@ -234,9 +208,9 @@ def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
         print(f"one classifier per gateway: using {folders[0]} (also named: {', '.join(folders[1:])})", file=sys.stderr)
     from gateway.classifier.difficulty import load_classifier
 
-    from gateway.route_tools import model_folder
-
-    path = model_folder(folders[0])
+    path = Path(folders[0])
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[1] / path  # relative to the repository
     classifier = load_classifier(path, cuts=band_cuts(config))
     cascade = "" if classifier.cascade is None else f", cascade on (cuts {', '.join(f'{c:g}' for c in classifier.cascade.cuts or ())})"
     print(f"classifier {path} on {classifier.provider}{cascade}", file=sys.stderr)
@@ -304,7 +278,6 @@ def _logging(args: argparse.Namespace) -> Iterator[None]:
 def _serve(args: argparse.Namespace) -> int:
     from gateway import server
     from gateway.app import create_app
-    from gateway.route_tools import serving_predictor
 
     config = _servable(args)
     if config is None:
@@ -312,35 +285,24 @@ def _serve(args: argparse.Namespace) -> int:
     with _logging(args), _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
         scorer = _scorer(config)
-        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
-        try:
-            server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
-        finally:
-            if predictor is not None:
-                predictor.close()
+                                                 shadow_pairs=args.shadow_pairs))
+        server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.local.up import up
-    from gateway.route_tools import serving_predictor
 
     config = _servable(args)
     if config is None:
         return 1
     with _logging(args), _redis(args, config) as redis_url:
         scorer = _scorer(config)
-        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
-        try:
-            return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
-        finally:
-            if predictor is not None:
-                predictor.close()
+                                                 shadow_pairs=args.shadow_pairs))
+        return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
 
 
 def _emulate(args: argparse.Namespace) -> int:
@@ -358,8 +320,6 @@ def _route_explain(args: argparse.Namespace) -> int:
 
     from gateway.errors import GatewayError
     from gateway.explain import explain
-    from gateway.explain_text import lines
-    from gateway.route_tools import serving_predictor
 
     config = _load(args)
     if config is None:
@@ -368,23 +328,17 @@ def _route_explain(args: argparse.Namespace) -> int:
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
     scorer = _scorer(config)
-    predictor = serving_predictor(config, scorer)
     try:
-        report = asyncio.run(explain(config, args.tenant, body, scorer=scorer, predictor=predictor))
+        report = asyncio.run(explain(config, args.tenant, body, scorer=scorer))
     except GatewayError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 1
-    finally:
-        if predictor is not None:
-            predictor.close()
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else "\n".join(lines(report)))
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for key, value in report.items():
+            print(f"{key:>14}: {orjson.dumps(value).decode() if isinstance(value, (dict, list)) else value}")
     return 0 if report["decision"]["status"] == 200 else 2
-
-
-def _route_score(args: argparse.Namespace) -> int:
-    from gateway.route_tools import run_score
-
-    return run_score(args)
 
 
 def _policy_schema(args: argparse.Namespace) -> int:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
 from gateway.config.tenants import Assignment
-from gateway.quality_routing import QualityChoice
 from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
 
@@ -47,9 +46,6 @@ class RequestContext:
     max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
 
     difficulty: float | None = None  # the classifier's score, for model 'auto'
-    quality: Mapping[str, float] | None = None  # the quality predictor's score per measured model, for model 'auto'
-    quality_choice: QualityChoice | None = None  # the tier quality_floor chose, the options and why (route)
-    route_reason: str | None = None  # why model 'auto' went to its tier (route)
     tier: Tier | None = None
     candidates: tuple[Replica, ...] = ()
     prompt_tokens_est: int = 0  # the prompt's length in tokens, guessed from its characters (for routing)
@@ -58,6 +54,7 @@ class RequestContext:
     prefix_tokens: int = 0  # ... and its length in tokens
     predicted_ttft_s: float | None = None  # the chosen replica's predicted TTFT at admission
     brownout_from: str | None = None  # the saturated tier this request was moved away from
+    rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.detour)
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)

@@ -87,6 +87,10 @@ class ReplicaPool:
         start = next(self._turns) % len(available)
         return tuple(available[start:] + available[:start])
 
+    def has_available(self, tier: Tier) -> bool:
+        """Some replica of the tier may be tried now (healthy, circuit not open)."""
+        return any(self.state(r, tier).available() for r in tier.replicas)
+
     def capacity(self, tier: Tier) -> int | None:
         """Requests the tier's replicas run at once, when its replicas' batch slots are known."""
         return None if tier.slots_per_replica is None else tier.slots_per_replica * len(tier.replicas)

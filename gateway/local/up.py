@@ -1,5 +1,4 @@
-"""`gateway up`: local backends as children (restarted when one exits), then the gateway; Ctrl-C or SIGTERM
-stops all of it."""
+"""`gateway up`: local backends as children, then the gateway; Ctrl-C or SIGTERM stops all of it."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from aiohttp import web
 
 from gateway.config import GatewayConfig
 from gateway.local.children import Child, start_children, stop_children, wait_healthy
-from gateway.local.supervisor import Supervisor
 
 EXAMPLE = """
 Ready. Try it:
@@ -69,9 +67,4 @@ async def _serve(
     models = ", ".join(["auto", *config.tiers])
     print(EXAMPLE.format(host=host, port=port, models=models, log=log_target,
                          dashboard=dashboard_url(config, host, port)), file=sys.stderr)
-    supervisor = asyncio.ensure_future(Supervisor(children).run(stop))  # restarts a backend that exits
-    try:
-        await server.serve_until_signal(app, host, port, stop)
-    finally:
-        supervisor.cancel()
-        await asyncio.gather(supervisor, return_exceptions=True)
+    await server.serve_until_signal(app, host, port, stop)
