@@ -410,6 +410,8 @@ class Response:
             raise UpstreamClosed("the replica sent bytes after its response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_done:  # a trailer after a chunked body: not a header of the response (as aiohttp)
+            return
         if len(name) + len(value) > MAX_FIELD or len(self.headers) >= MAX_HEADERS:
             raise UpstreamClosed(f"a response header over {MAX_FIELD} bytes, or more than {MAX_HEADERS} headers")
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")

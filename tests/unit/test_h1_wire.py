@@ -127,3 +127,13 @@ async def test_a_connection_paused_by_flow_control_is_not_pooled_paused(client: 
         again = await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=1)
         assert await again.read() == b"small"
     assert server.connections == 1
+
+
+async def test_trailers_of_a_chunked_body_do_not_replace_its_headers(client: UpstreamClient) -> None:
+    """Found by the differential test: llhttp reports trailer fields like headers, after the body."""
+    server = replying([], b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          b"2;ext=1\r\nok\r\n0\r\nContent-Type: text/html\r\nX-Checksum: 1\r\n\r\n")
+    async with server as url:
+        response = await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)
+        assert await response.read() == b"ok"
+        assert response.headers["content-type"] == "text/event-stream" and "x-checksum" not in response.headers
