@@ -1,4 +1,4 @@
-"""`gateway serve | up | emulate | policy check`."""
+"""`gateway serve | up | emulate | policy check | route explain | route score` and the pass-through commands."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _guarded(run: Callable[[], int]) -> int:
 
 PASS_THROUGH = {
     "costs": "cost report over request logs: totals, percentiles, savings, CSV, chart",
-    "train": "fit the difficulty head on a labeled JSONL (or --from-shadow pairs) and export it (the train extra)",
+    "train": "fit the difficulty head (--data, --from-shadow) or the quality router (--from-outcomes); train extra",
     "calibrate": "set routing bands so given shares of a prompt sample reach each tier",
     "bench": "load a server with ShareGPT or synthetic requests; TTFT/TPOT/ITL/E2E, goodput, plots",
     "experiments": "routing experiments: per-arm report with bootstrap intervals; promote an arm (policy diff)",
@@ -53,6 +53,10 @@ def _pass_through(command: str, rest: Sequence[str]) -> int:
         from gateway.accounting.report import run_costs
 
         return run_costs(rest)
+    if command == "train" and "--from-outcomes" in rest:  # the quality router on measured outcomes (issue 33)
+        from gateway.training.outcomes_cli import run_from_outcomes
+
+        return run_from_outcomes(rest)
     if command == "train" and "--from-shadow" in rest:  # labels from the gateway's shadow pairs (issue 22)
         from gateway.training.shadow_labels import run_from_shadow
 
@@ -93,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8080)
     _add_log_args(up)
+    up.add_argument("--no-restart", action="store_true",
+                    help="leave a local backend that exits dead (default: restart it, 1 s doubling to 30 s)")
     up.add_argument("--backend-logs", type=Path, default=Path(".gateway/logs"),
                     help="folder for each local backend's output (NAME.log)")
     _add_redis_args(up)
@@ -109,14 +115,36 @@ def _parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=summary)
 
     route = commands.add_parser("route", help="routing tools").add_subparsers()
-    explain = route.add_parser("explain", help="show how a request would be routed (nothing is sent)")
+    explain = route.add_parser(
+        "explain", help="show how a request would be routed (nothing is sent)",
+        description="Run the routing decision for one chat request without sending it: limits applied, each tier's "
+        "predicted quality and price (quality_floor), difficulty and bands, the tier and why, replica candidates, "
+        "cache status and why. One fact a line; --json for the report as JSON. Exit status: 0 routed, 1 bad config "
+        "or tenant, 2 the request would be refused.")
     _add_config_args(explain)
-    explain.add_argument("--tenant", required=True)
-    explain.add_argument("--prompt", required=True)
-    explain.add_argument("--model", default="auto")
-    explain.add_argument("--max-tokens", type=int)
-    explain.add_argument("--json", action="store_true", help="print the report as JSON")
+    explain.add_argument("--tenant", required=True, help="the tenant's name in the policy file (required)")
+    explain.add_argument("--prompt", required=True, help="the user message's text (required)")
+    explain.add_argument("--model", default="auto",
+                         help="the model asked for: auto, or a tier name (default: %(default)s)")
+    explain.add_argument("--max-tokens", type=int, help="the request's max_tokens (default: none, the policy's)")
+    explain.add_argument("--json", action="store_true", help="print the report as JSON (default: one fact a line)")
     explain.set_defaults(handler=_route_explain)
+    score = route.add_parser(
+        "score", help="predict each tier's answer quality for a JSONL of prompts, and the gain",
+        description="Read one {\"id\", \"prompt\"} a line; write one {\"id\", \"quality\": {tier: score}, \"gain\"} a "
+        "line, gain = the dearest tier's predicted quality minus the cheapest's (sweep thresholds on it with any "
+        "tool). Tiers: the routes file's chat tiers with a quality_model the predictor knows.")
+    score.add_argument("input", type=Path, metavar="IN.jsonl", help="prompts, one {id, prompt} a line")
+    score.add_argument("output", type=Path, metavar="OUT.jsonl", help="where the scores are written")
+    score.add_argument("--routes", type=Path, default=Path(DEFAULT_ROUTES),
+                       help="the tiers and their quality_model (default: %(default)s)")
+    score.add_argument("--predictor", type=Path, default=Path("models/router"),
+                       help="the quality predictor's folder (default: %(default)s)")
+    score.add_argument("--max-tokens", type=int, default=256,
+                       help="output tokens each tier's price assumes (default: %(default)s)")
+    score.add_argument("--floors", type=_floats, default=(), metavar="F,F,...",
+                       help="print each floor's tier shares and predicted quality (default: none)")
+    score.set_defaults(handler=_route_score)
 
     policy = commands.add_parser("policy", help="policy file tools").add_subparsers()
     check = policy.add_parser(
@@ -164,8 +192,10 @@ def _redis(args: argparse.Namespace, config: GatewayConfig) -> Iterator[str | No
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--routes", type=Path, default=Path(DEFAULT_ROUTES))
-    parser.add_argument("--policies", type=Path, default=Path(DEFAULT_POLICIES))
+    parser.add_argument("--routes", type=Path, default=Path(DEFAULT_ROUTES),
+                        help="the routes file: tiers and their replicas (default: %(default)s)")
+    parser.add_argument("--policies", type=Path, default=Path(DEFAULT_POLICIES),
+                        help="the policy file: tenants and their limits (default: %(default)s)")
 
 
 def _load(args: argparse.Namespace) -> GatewayConfig | None:
@@ -208,9 +238,9 @@ def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
         print(f"one classifier per gateway: using {folders[0]} (also named: {', '.join(folders[1:])})", file=sys.stderr)
     from gateway.classifier.difficulty import load_classifier
 
-    path = Path(folders[0])
-    if not path.is_absolute() and not path.exists():
-        path = Path(__file__).resolve().parents[1] / path  # relative to the repository
+    from gateway.route_tools import model_folder
+
+    path = model_folder(folders[0])
     classifier = load_classifier(path, cuts=band_cuts(config))
     cascade = "" if classifier.cascade is None else f", cascade on (cuts {', '.join(f'{c:g}' for c in classifier.cascade.cuts or ())})"
     print(f"classifier {path} on {classifier.provider}{cascade}", file=sys.stderr)
@@ -278,6 +308,7 @@ def _logging(args: argparse.Namespace) -> Iterator[None]:
 def _serve(args: argparse.Namespace) -> int:
     from gateway import server
     from gateway.app import create_app
+    from gateway.route_tools import serving_predictor
 
     config = _servable(args)
     if config is None:
@@ -285,24 +316,36 @@ def _serve(args: argparse.Namespace) -> int:
     with _logging(args), _redis(args, config) as redis_url:
         print(f"gateway listening on http://{args.host}:{args.port}/v1 (config {config.version})", file=sys.stderr)
         scorer = _scorer(config)
+        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs))
-        server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
+                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
+        try:
+            server.run(server.serve_until_signal(app, args.host, args.port, drain_timeout_s=args.drain_timeout))
+        finally:
+            if predictor is not None:
+                predictor.close()
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.local.up import up
+    from gateway.route_tools import serving_predictor
 
     config = _servable(args)
     if config is None:
         return 1
     with _logging(args), _redis(args, config) as redis_url:
         scorer = _scorer(config)
+        predictor = serving_predictor(config, scorer)
         app = _follow_reloads(scorer, create_app(config, scorer, redis_url, config_files=(args.routes, args.policies),
-                                                 shadow_pairs=args.shadow_pairs))
-        return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs)
+                                                 shadow_pairs=args.shadow_pairs, predictor=predictor))
+        try:
+            return up(config, app, args.host, args.port, str(args.log_file or "stdout"), args.backend_logs,
+                      restart=not args.no_restart)
+        finally:
+            if predictor is not None:
+                predictor.close()
 
 
 def _emulate(args: argparse.Namespace) -> int:
@@ -320,6 +363,8 @@ def _route_explain(args: argparse.Namespace) -> int:
 
     from gateway.errors import GatewayError
     from gateway.explain import explain
+    from gateway.explain_text import lines
+    from gateway.route_tools import serving_predictor
 
     config = _load(args)
     if config is None:
@@ -328,17 +373,33 @@ def _route_explain(args: argparse.Namespace) -> int:
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
     scorer = _scorer(config)
+    predictor = serving_predictor(config, scorer)
     try:
-        report = asyncio.run(explain(config, args.tenant, body, scorer=scorer))
+        report = asyncio.run(explain(config, args.tenant, body, scorer=scorer, predictor=predictor))
     except GatewayError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 1
-    if args.json:
-        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
-    else:
-        for key, value in report.items():
-            print(f"{key:>14}: {orjson.dumps(value).decode() if isinstance(value, (dict, list)) else value}")
+    finally:
+        if predictor is not None:
+            predictor.close()
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else "\n".join(lines(report)))
     return 0 if report["decision"]["status"] == 200 else 2
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"floors are in [0, 1], got {text!r}")
+    return values
+
+
+def _route_score(args: argparse.Namespace) -> int:
+    from gateway.route_tools import run_score
+
+    return run_score(args)
 
 
 def _policy_schema(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""`gateway up`: local backends as children, then the gateway; Ctrl-C or SIGTERM stops all of it."""
+"""`gateway up`: local backends as children (restarted when one exits), then the gateway; Ctrl-C or SIGTERM
+stops all of it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from gateway.config import GatewayConfig
 from gateway.local.children import Child, start_children, stop_children, wait_healthy
+from gateway.local.supervisor import Supervisor
 
 EXAMPLE = """
 Ready. Try it:
@@ -31,11 +33,12 @@ DEMO_VIEWER_KEY = "sk-dashboard"  # the viewer key of policies/local.yaml and po
 
 
 def up(config: GatewayConfig, app: web.Application, host: str, port: int, log_target: str,
-       backend_logs: Path) -> int:
-    """Start the routes' local backends, wait until they are healthy, then serve `app` until a signal."""
+       backend_logs: Path, restart: bool = True) -> int:
+    """Start the routes' local backends, wait until they are healthy, then serve `app` until a signal;
+    a backend that exits is started again (`restart`)."""
     children = start_children(config.routes, backend_logs)
     try:
-        server.run(_serve(config, app, host, port, children, log_target, backend_logs))
+        server.run(_serve(config, app, host, port, children, log_target, backend_logs, restart))
     except RuntimeError as err:
         print(f"gateway up failed: {err}", file=sys.stderr)
         return 1
@@ -52,7 +55,7 @@ def dashboard_url(config: GatewayConfig, host: str, port: int) -> str:
 
 async def _serve(
     config: GatewayConfig, app: web.Application, host: str, port: int, children: list[Child], log_target: str,
-    backend_logs: Path,
+    backend_logs: Path, restart: bool,
 ) -> None:
     stop = server.stop_on_signals()  # first: a signal during start-up must still stop the children
     print(f"starting {len(children)} local backend(s); their logs: {backend_logs}/", file=sys.stderr)
@@ -67,4 +70,9 @@ async def _serve(
     models = ", ".join(["auto", *config.tiers])
     print(EXAMPLE.format(host=host, port=port, models=models, log=log_target,
                          dashboard=dashboard_url(config, host, port)), file=sys.stderr)
-    await server.serve_until_signal(app, host, port, stop)
+    supervisor = asyncio.ensure_future(Supervisor(children).run(stop) if restart else stop.wait())
+    try:
+        await server.serve_until_signal(app, host, port, stop)
+    finally:
+        supervisor.cancel()
+        await asyncio.gather(supervisor, return_exceptions=True)
