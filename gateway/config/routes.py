@@ -64,13 +64,18 @@ class EmulatorLaunch(Frozen):
 
 
 class LlamaCppLaunch(Frozen):
-    """`gateway up` starts llama-cpp-python's OpenAI server for this replica (the `local` extra)."""
+    """`gateway up` starts llama.cpp's own `llama-server` for this replica (built by `gateway.local.llama_build`)."""
 
     kind: Literal["llama_cpp"]
     model: Literal["gemma3-270m-q4_k_m", "gemma3-270m-f16"] = Field(description="a model of gateway.local.models")
-    chat_format: str = "gemma"
-    n_ctx: int = Field(default=2048, ge=128)
+    chat_format: str = Field(default="gemma", description="llama.cpp's built-in chat template of that name "
+                             "(the GGUF carries none); the tier's `gguf:` tokenizer renders the same")
+    n_ctx: int = Field(default=2048, ge=128, description="context of one request (each slot gets this much)")
     n_threads: int = Field(default=1, ge=1)
+    parallel: int = Field(default=1, ge=1, description="slots: requests decoded together (continuous batching)")
+    embedding: bool = Field(default=False, description="serve /v1/embeddings instead of completions")
+    pooling: Literal["mean", "cls", "last"] | None = Field(
+        default=None, description="how an embedding server pools token vectors (the model's own when unset)")
 
 
 Launch = Annotated[EmulatorLaunch | LlamaCppLaunch, Field(discriminator="kind")]

@@ -15,7 +15,7 @@ import aiohttp
 
 from gateway.config import Replica, RoutesConfig
 from gateway.config.routes import EmulatorLaunch, LlamaCppLaunch
-from gateway.local import models
+from gateway.local import llama_build, models
 
 
 @dataclass
@@ -23,6 +23,8 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     health_url: str
+    command: tuple[str, ...] = ()  # what started it: `gateway up` restarts a child that exits with it
+    log_path: Path | None = None
 
 
 def launch_command(replica: Replica) -> list[str]:
@@ -32,13 +34,29 @@ def launch_command(replica: Replica) -> list[str]:
         return [sys.executable, "-m", "gateway", "emulate", "--host", "127.0.0.1", "--port", port,
                 "--profile", launch.profile, "--seed", str(launch.seed)]
     if isinstance(launch, LlamaCppLaunch):
-        threads = str(launch.n_threads)
-        return [sys.executable, "-m", "llama_cpp.server", "--model", str(models.resolve(launch.model)),
-                "--host", "127.0.0.1", "--port", port, "--model_alias", replica.model,
-                "--chat_format", launch.chat_format, "--n_ctx", str(launch.n_ctx),
-                "--n_threads", threads, "--n_threads_batch", threads,
-                "--interrupt_requests", "false"]  # else a request arriving cuts the running stream short
+        return llama_server_command(launch, replica.model, port)
     raise ValueError(f"replica {replica.name} has no launch block")
+
+
+def llama_server_command(launch: LlamaCppLaunch, alias: str, port: str) -> list[str]:
+    """llama.cpp's `llama-server`: `parallel` slots of `n_ctx` tokens each, continuous batching, /metrics."""
+    threads = str(launch.n_threads)
+    command = [str(llama_build.server_binary()), "--model", str(models.resolve(launch.model)),
+               "--host", "127.0.0.1", "--port", port, "--alias", alias,
+               "--ctx-size", str(launch.n_ctx * launch.parallel), "--parallel", str(launch.parallel),
+               "--no-kv-unified",  # each slot its own n_ctx: a long prompt cannot crowd the others out
+               "--threads", threads, "--threads-batch", threads, "--metrics", "--no-webui",
+               "--no-jinja", "--chat-template", launch.chat_format]  # the GGUF has no template of its own
+    if launch.embedding:
+        command += ["--embedding", *(["--pooling", launch.pooling] if launch.pooling else [])]
+    return command
+
+
+def start_child(name: str, command: list[str] | tuple[str, ...], health_url: str, log_path: Path | None) -> Child:
+    """One child in its own session (a signal to the gateway's group does not reach it), output to `log_path`."""
+    with open(log_path, "ab") if log_path else open(os.devnull, "wb") as output:
+        process = subprocess.Popen(list(command), start_new_session=True, stdout=output, stderr=subprocess.STDOUT)
+    return Child(name, process, health_url, tuple(command), log_path)
 
 
 def start_children(routes: RoutesConfig, log_dir: Path | None = None) -> list[Child]:
@@ -50,10 +68,8 @@ def start_children(routes: RoutesConfig, log_dir: Path | None = None) -> list[Ch
         for replica in tier.replicas:
             if replica.launch is None:
                 continue
-            command = launch_command(replica)
-            with open(log_dir / f"{replica.name}.log", "ab") if log_dir else open(os.devnull, "wb") as output:
-                process = subprocess.Popen(command, start_new_session=True, stdout=output, stderr=subprocess.STDOUT)
-            children.append(Child(replica.name, process, f"{replica.url}/models"))
+            log_path = log_dir / f"{replica.name}.log" if log_dir else None
+            children.append(start_child(replica.name, launch_command(replica), f"{replica.url}/models", log_path))
     return children
 
 
