@@ -44,8 +44,8 @@ from gateway.bench.report import ROOT, command_line, load_line, md_table
 API_KEY = "sk-bench"
 # the tracing code path, cut out of a copy of the package for the `untraced` build: (file, text, replacement)
 UNTRACED_CUTS = (
-    ("pipeline.py", "trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None", "pass"),
-    ("pipeline.py", "await (stage(ctx) if trace is None else trace.stage(span, stage, ctx))", "await stage(ctx)"),
+    ("pipeline.py", "        trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None\n"
+                    "        if trace is not None:\n            return await self._run_traced(ctx, trace)\n", ""),
     ("http.py", "    if gateway.tracing is not None:\n        ctx.trace = gateway.tracing.start(request.headers, ctx)\n"
                 "        ctx.finishers.append(ctx.trace.finish)\n", ""),
     ("context.py", "    trace: Trace | None = None  # the request's OpenTelemetry trace, when tracing is on\n", ""),

@@ -71,7 +71,7 @@ async def admin_explain(request: web.Request) -> web.Response:
             raise InvalidRequest("'request' must be an OpenAI request body", param="request")
         endpoint: Endpoint = "completions" if payload.get("endpoint") == "completions" else "chat"
         report = await explain(gateway.config, payload["tenant"], body, endpoint=endpoint, scorer=gateway.scorer,
-                               pool=gateway.pool, responses=gateway.responses)
+                               pool=gateway.pool, responses=gateway.responses, predictor=gateway.predictor)
     except GatewayError as err:
         return _error(err)
     return web.Response(body=orjson.dumps(report), content_type=JSON)

@@ -1,6 +1,7 @@
-"""Explain a routing decision without making it: tenant, limits applied, difficulty, tier, replica
-candidates, cache status. Nothing is charged, stored or sent upstream. Used by `gateway route
-explain` and `POST /admin/explain`."""
+"""Explain a routing decision without making it: tenant, limits applied, each tier's predicted quality and
+price (quality_floor), difficulty (bands), tier and why, replica candidates, cache status and why. Nothing is
+charged, stored or sent upstream. Used by `gateway route explain` (`lines` renders the report, one fact a line)
+and `POST /admin/explain` (the report as JSON)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ from typing import Any
 import orjson
 
 from gateway.backends.pool import ReplicaPool
-from gateway.cache.keys import cacheable, response_key, scope_of
+from gateway.cache.keys import UNCACHEABLE, cacheable, response_key, scope_of
 from gateway.cache.responses import ResponseCache
 from gateway.config import GatewayConfig, Replica, TenantPolicy
+from gateway.config.policies import CacheRule
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import apply_limits
 from gateway.stages.route import RouteStage
-from gateway.types import DifficultyScorer, Endpoint
+from gateway.types import DifficultyScorer, Endpoint, QualityPredictor
 
 
 def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
@@ -33,7 +35,8 @@ def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
 
 async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any], *, endpoint: Endpoint = "chat",
                   scorer: DifficultyScorer | None = None, pool: ReplicaPool | None = None,
-                  responses: ResponseCache | None = None) -> dict[str, Any]:
+                  responses: ResponseCache | None = None,
+                  predictor: QualityPredictor | None = None) -> dict[str, Any]:
     """The decision path for `body` sent by tenant `tenant_name`, as a JSON-ready dict."""
     tenant = find_tenant(config, tenant_name)
     pool = pool or ReplicaPool()
@@ -45,7 +48,7 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
         ctx.tenant = tenant
         prompt_chars = apply_limits(ctx, tenant)
         report["limits"] = _limits(tenant, asked, ctx.max_tokens, prompt_chars)
-        await ClassifyStage(scorer)(ctx)
+        await ClassifyStage(scorer, predictor)(ctx)
         report["difficulty"] = ctx.difficulty
         report["bands"] = [band.model_dump() for band in tenant.routing.bands] if tenant.routing else None
         await RouteStage(pool)(ctx)
@@ -53,6 +56,8 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
         report["decision"] = {"status": err.status, "error": err.message, "param": err.param}
         return report
     assert ctx.tier is not None
+    report["quality"] = _quality(ctx, tenant, predictor)
+    report["route_reason"] = ctx.route_reason
     report["tier"] = ctx.tier.name
     report["candidates"] = [_candidate(pool, ctx, r) for r in ctx.candidates]
     report["cache"] = await _cache(ctx, tenant, responses)
@@ -72,9 +77,39 @@ def _limits(tenant: TenantPolicy, asked: int | None, applied: int | None, prompt
     }
 
 
+def _quality(ctx: RequestContext, tenant: TenantPolicy, predictor: QualityPredictor | None) -> dict[str, Any] | None:
+    """quality_floor's view: the floor, each tier's predicted quality and price, the best and the chosen tier."""
+    if tenant.quality_floor is None:
+        return None
+    choice = ctx.quality_choice
+    report: dict[str, Any] = {"floor": tenant.quality_floor, "predictor": predictor is not None,
+                              "predicted": ctx.quality is not None}
+    if choice is not None:
+        report["tiers"] = [{"tier": o.tier, "quality": round(o.quality, 4), "price_usd": o.price_usd}
+                           for o in choice.options]
+        report |= {"best": choice.best.tier, "chosen": choice.tier}
+    return report
+
+
+def why_not_cached(body: dict[str, Any], rule: CacheRule) -> list[str]:
+    """Each condition of `gateway.cache.keys.cacheable` the request fails ([] when it is cacheable)."""
+    reasons = []
+    if not rule.enabled:
+        reasons.append("caching is off for the tenant (cache.enabled: false)")
+    reasons += [f"the request sets {name!r}, whose answers a stored text cannot replay" for name in UNCACHEABLE
+                if body.get(name)]
+    if body.get("n", 1) != 1:
+        reasons.append(f"n is {body.get('n')!r}: only single answers (n = 1) are cached")
+    if rule.mode != "always" and body.get("temperature") != 0 and not isinstance(body.get("seed"), int):
+        temperature = "not set" if body.get("temperature") is None else f"{body.get('temperature')!r}"
+        reasons.append(f"not deterministic: temperature is {temperature} (not 0) and there is no integer seed "
+                       "(cache.mode: deterministic caches only those)")
+    return reasons
+
+
 async def _cache(ctx: RequestContext, tenant: TenantPolicy, responses: ResponseCache | None) -> dict[str, Any]:
     if not cacheable(ctx.body, tenant.cache):
-        return {"status": "bypass", "why": "not deterministic (temperature 0 or a seed), or caching is off"}
+        return {"status": "bypass", "why": why_not_cached(ctx.body, tenant.cache)}
     assert ctx.tier is not None
     key = response_key(scope_of(tenant.name, tenant.cache), ctx.tier.name, ctx.endpoint, ctx.body)
     if responses is None:

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import structlog
 
-from gateway.context import RequestContext
+from gateway.context import RequestContext, Trace
 from gateway.errors import GatewayError
 from gateway.stages.account import Accountant
 from gateway.stages.admission import AdmissionStage
@@ -77,8 +77,19 @@ class RequestPath:
     async def run(self, ctx: RequestContext) -> Reply:
         """Run the stages in order until one replies."""
         trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None
+        if trace is not None:
+            return await self._run_traced(ctx, trace)
+        stages: tuple[Stage, ...] = _STAGES(self)
+        for stage in stages:
+            reply = await stage(ctx)
+            if reply is not None:
+                return reply
+        raise GatewayError("no stage produced a reply")
+
+    async def _run_traced(self, ctx: RequestContext, trace: Trace) -> Reply:
+        """The same, each stage through the trace, with its span's name (None: no span of its own)."""
         for stage, span in zip(self.stages, SPANS):
-            reply = await (stage(ctx) if trace is None else trace.stage(span, stage, ctx))
+            reply = await trace.stage(span, stage, ctx)
             if reply is not None:
                 return reply
         raise GatewayError("no stage produced a reply")

@@ -116,7 +116,7 @@ class _Family(Collector, Generic[Child]):
         self.documentation = documentation
         self.labelnames = _check_labelnames(self, labelnames)
         _check_metric_name(self.name)
-        self._series: dict[tuple[str, ...], Child] = {}  # by label values as exposed, in creation order
+        self._series: dict[tuple[object, ...], Child] = {}  # by label values as exposed (str), in creation order
         self._solo: Child | None = None if self.labelnames else self.labels()
         registry.register(self)
 
@@ -130,7 +130,7 @@ class _Family(Collector, Generic[Child]):
         """The series of these label values, created on first use (no values: a metric without labels).
         Each value is exposed as its str(), as prometheus_client does: 1, True and 1.0 are equal as keys
         but three series, so only a tuple of exact strings is looked up as given."""
-        key = cast("tuple[str, ...]", values)
+        key = values
         for value in values:
             if type(value) is not str:
                 key = tuple([str(value) for value in values])
@@ -153,7 +153,7 @@ class _Family(Collector, Generic[Child]):
     def collect(self) -> Iterator[Metric]:
         metric = Metric(self.name, self.documentation, self.kind)
         for key, child in self._series.items():
-            self._add_samples(metric, dict(zip(self.labelnames, key)), child)
+            self._add_samples(metric, dict(zip(self.labelnames, cast("tuple[str, ...]", key))), child)
         yield metric
 
 

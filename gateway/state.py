@@ -17,7 +17,7 @@ from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
 from gateway.stages.account import Accountant
-from gateway.types import DifficultyScorer
+from gateway.types import DifficultyScorer, QualityPredictor
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
     from gateway.experiments.feedback import FeedbackStore, RequestOwners
@@ -38,6 +38,7 @@ class Gateway:
     redis: RedisGuard | None = None
     reloader: ConfigReloader | None = None
     scorer: DifficultyScorer | None = None
+    predictor: QualityPredictor | None = None  # per-tier answer quality for quality_floor routing
     responses: ResponseCache | None = None
     replicas: Replicas | None = None
     tracing: Tracing | None = None

@@ -59,6 +59,17 @@ class DifficultyScorer(Protocol):
     async def score(self, text: str) -> float: ...
 
 
+class QualityPredictor(Protocol):
+    """Predicts each measured model's expected answer score for a prompt, in [0, 1]
+    (gateway.classifier.quality.QualityPredictor; the routes file maps tiers to these models)."""
+
+    models: tuple[str, ...]  # the measured model names it predicts for
+
+    async def predict(self, text: str) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
 class ClientWire(Protocol):
     """What the request path asks of a client protocol translated at the edge (gateway.protocols.base.Wire)."""
 

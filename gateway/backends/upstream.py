@@ -54,7 +54,7 @@ async def post(client: UpstreamClient, replica: Replica, path: str, body: bytes,
         if headers:
             lines += header_lines(dict(headers))
         response = await client.post(replica.url, path, body, lines, connect_s=settings.connect_timeout_s,
-                                     read_s=settings.read_timeout_s)
+                                     read_s=settings.read_timeout_s, tls=replica.tls_context)
     except ValueError as err:  # a header value or path HTTP/1.1 cannot carry: this replica is not sent it
         raise Retry(UpstreamError(f"cannot send the request to backend {replica.name}: {err}")) from None
     except ConnectTimeout:

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gateway.config.loader import ConfigError, ConfigIssue, check_file, load_policy, load_routes, locate
-from gateway.config.policies import MaxTokens, PolicyConfig, Tenant
+from gateway.config.policies import Limits, MaxTokens, PolicyConfig, Tenant
 from gateway.config.routes import Replica, RoutesConfig, Tier
 from gateway.config.tenants import TenantPolicy, compile_tenants
 
@@ -50,6 +50,7 @@ class GatewayConfig:
         tiers = {t.name: t for t in routes.tiers}
         issues = [ConfigIssue("policy", None, field, repr(name), f"no such tier in routes (have {', '.join(tiers)})")
                   for field, name in tier_references(policy) if name not in tiers]
+        issues += _quality_issues(routes, policy)
         try:
             by_hash, anonymous = compile_tenants(policy)
         except ConfigError as err:
@@ -64,6 +65,22 @@ class GatewayConfig:
 def _output_price(tier: Tier) -> float:
     """USD for a million output tokens at today's prices: how the default baseline tier is chosen."""
     return tier.price_at(datetime.now(UTC).date()).cost_usd(0, 1_000_000)
+
+
+def _quality_issues(routes: RoutesConfig, policy: PolicyConfig) -> list[ConfigIssue]:
+    """A quality_floor needs tiers to choose among: at least two chat tiers with a quality_model in routes."""
+    measured = [t.name for t in routes.tiers if t.endpoint == "chat" and t.quality_model]
+    if len(measured) >= 2:
+        return []
+    scopes: list[tuple[str, Limits]] = [("", policy), *((f"tenants[{i}].", t) for i, t in enumerate(policy.tenants))]
+    fields = [(f"{prefix}quality_floor", limits.quality_floor) for prefix, limits in scopes]
+    fields += [(f"{prefix}experiments[{i}].arms[{j}].quality_floor", arm.quality_floor) for prefix, limits in scopes
+               for i, experiment in enumerate(limits.experiments or ()) for j, arm in enumerate(experiment.arms)]
+    have = f"only {measured[0]!r} has one" if measured else "none has one"
+    reason = (f"routing by quality needs at least two chat tiers with quality_model in routes ({have}): "
+              "name the measured model that stands for each tier")
+    return [ConfigIssue("policy", None, field, repr(value), reason)
+            for field, value in fields if value is not None and value is not False]
 
 
 def tier_references(policy: PolicyConfig) -> list[tuple[str, str]]:

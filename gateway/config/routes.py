@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import ssl
 from functools import cached_property
 from datetime import date
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+T = TypeVar("T")
 Precision = Literal["int4", "int8", "fp8", "fp16", "bf16", "fp32"]
 
 
@@ -81,11 +84,63 @@ class LlamaCppLaunch(Frozen):
 Launch = Annotated[EmulatorLaunch | LlamaCppLaunch, Field(discriminator="kind")]
 
 
+class ReplicaTls(Frozen):
+    """TLS to one https:// replica (a private vLLM endpoint): whom to trust and who the gateway is. Files are
+    read at load time (paths relative to the working directory); a file that does not load is refused."""
+
+    ca_file: str | None = Field(default=None, description="PEM bundle of the CAs the replica's certificate must "
+                                "chain to, instead of the system's")
+    cert_file: str | None = Field(default=None, description="client certificate (PEM) shown to the replica; with "
+                                  "key_file")
+    key_file: str | None = Field(default=None, description="private key (PEM, unencrypted) of cert_file")
+    verify: bool = Field(default=True, description="false: the replica's certificate and host name are not "
+                         "checked (test setups only)")
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_loads(cls, path: str | None) -> str | None:
+        if path is not None:
+            _tls_file(lambda: ssl.create_default_context().load_verify_locations(cafile=path), path)
+        return path
+
+    @model_validator(mode="after")
+    def _identity_loads(self) -> ReplicaTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give cert_file and key_file together")
+        self.__dict__["context"] = _tls_file(self._context, self.cert_file or self.ca_file or "")
+        return self
+
+    def _context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file is not None:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        if not self.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    @cached_property
+    def context(self) -> ssl.SSLContext:
+        """The SSL context built at load time (`_identity_loads`), shared by the replica's connections."""
+        return self._context()
+
+
+def _tls_file(load: Callable[[], T], path: str) -> T:
+    try:
+        return load()
+    except FileNotFoundError:
+        raise ValueError(f"no file {path}") from None
+    except (OSError, ssl.SSLError) as err:  # unreadable, not PEM, a key that is not the certificate's
+        raise ValueError(f"cannot load {path}: {getattr(err, 'reason', None) or err}") from None
+
+
 class Replica(Frozen):
     name: str = Field(min_length=1)
     url: str
     model: str = Field(min_length=1, description="model name the upstream server expects")
     launch: Launch | None = None
+    tls: ReplicaTls | None = Field(default=None, description="https:// only: the replica's own CA bundle, client "
+                                   "certificate, or no verification")
     api_key_env: str | None = Field(
         default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="environment variable with this backend's API key, read at load time, sent as Bearer",
@@ -115,6 +170,17 @@ class Replica(Frozen):
             raise ValueError("must be an http(s) URL with a host, like http://127.0.0.1:9101/v1")
         parts.port  # raises ValueError for a port outside 0-65535
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _tls_needs_https(self) -> Replica:
+        if self.tls is not None and not self.url.startswith("https://"):
+            raise ValueError("tls is for https:// replicas only")
+        return self
+
+    @property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The replica's own TLS context (None: the system's CAs for https://)."""
+        return self.tls.context if self.tls is not None else None
 
     @property
     def port(self) -> int:
@@ -212,6 +278,11 @@ class Tier(Frozen):
     brownout_to: str | None = Field(
         default=None, description="a faster tier that takes this tier's 'auto' traffic when it is saturated"
     )
+    quality_model: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="the measured model (or rung of a quality ladder) that stands for this tier's answers: "
+        "the name the quality predictor knows (models/router/MODEL_CARD.md lists them); routing by a "
+        "policy's quality_floor chooses among the tiers that have one")
 
 
 class Upstream(Frozen):

@@ -1,7 +1,7 @@
 """`gateway experiments report | promote`.
 
     gateway experiments report LOG... [--experiment NAME] [--control ARM] [--tenant NAME] [--slo-ms MS]
-                                      [--bootstrap N] [--seed S] [--csv PATH] [--png PATH]
+                                      [--bootstrap N] [--permutations N] [--seed S] [--csv PATH] [--png PATH]
     gateway experiments promote NAME ARM --policy FILE [--tenant NAME] [--write]
 
 Exit status: 0 done, 1 an output could not be written (report) or the promotion is impossible, 2 bad
@@ -16,12 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from gateway.experiments.report import PERMUTATIONS
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gateway experiments", description="Routing experiments: report and promote.")
     commands = p.add_subparsers(dest="command", required=True)
     report = commands.add_parser("report", help="per arm: latency, goodput, cost, feedback, shadow agreement "
-                                                 "with bootstrap 95%% intervals and verdicts against control")
+                                                 "with bootstrap 95%% intervals and verdicts against control "
+                                                 "(permutation tests, Holm-corrected)")
     report.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="request log files (plain or .gz)")
     report.add_argument("--experiment", action="append", metavar="NAME", help="only this experiment (repeatable)")
     report.add_argument("--control", metavar="ARM", help="the control arm (default: the one the log lines mark)")
@@ -29,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--slo-ms", type=float, metavar="MS",
                         help="TTFT objective for goodput (default: each line's ttft_slo_ms; none: served = good)")
     report.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="resamples (default 1000)")
+    report.add_argument("--permutations", type=int, default=PERMUTATIONS, metavar="N",
+                        help=f"relabellings per comparison for the p-values (default {PERMUTATIONS})")
     report.add_argument("--seed", type=int, default=0)
     report.add_argument("--csv", type=Path, metavar="PATH", help="also write the rows as CSV")
     report.add_argument("--png", type=Path, metavar="PATH", help="also draw the figures as a PNG (matplotlib)")
@@ -59,8 +64,8 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
 
     unreadable = [str(p) for p in args.logs if not p.is_file()]
     problem = f"not a readable file: {', '.join(unreadable)}" if unreadable else None
-    if problem is None and args.bootstrap < 1:
-        problem = "--bootstrap must be at least 1"
+    if problem is None and (args.bootstrap < 1 or args.permutations < 1):
+        problem = "--bootstrap and --permutations must be at least 1"
     if problem is None and args.png:
         problem = missing_matplotlib()
     if problem:
@@ -68,7 +73,7 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
         return 2
     collected = collect(args.logs, args.slo_ms, args.tenant)
     rows = analyze(collected, control=args.control, experiments=args.experiment, n_boot=args.bootstrap,
-                   seed=args.seed)
+                   seed=args.seed, n_perm=args.permutations)
     if not rows:
         print("No request lines with an experiment and an arm in these logs.", file=out)
     else:

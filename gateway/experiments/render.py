@@ -7,11 +7,11 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.experiments.report import METRICS, Collected, Row
+from gateway.experiments.report import CORRECTION, METRICS, MIN_MEAN_N, MIN_TAIL, Collected, Row, comparisons
 
 UNITS = {metric.name: metric.unit for metric in METRICS}
 COLUMNS = ("experiment", "metric", "arm", "control", "n", "value", "ci_low", "ci_high", "diff_vs_control",
-           "diff_ci_low", "diff_ci_high", "verdict")
+           "diff_ci_low", "diff_ci_high", "verdict", "p", "p_holm", "small_n")
 MISSING = "--png needs matplotlib, which is not installed: pip install 'gateway[train]' (or pip install matplotlib)"
 
 
@@ -37,7 +37,8 @@ def table(rows: Sequence[Row], collected: Collected) -> str:
         data = collected.arms[experiment]
         shadow = sum(arm.shadow_cost for arm in data.values())
         lines += [f"Experiment {experiment}: control arm {control or '(none found: use --control ARM)'}"
-                  + (f"; shadow cost ${shadow:.4g}" if shadow else ""), header, "-" * len(header)]
+                  + (f"; shadow cost ${shadow:.4g}" if shadow else ""),
+                  f"Verdicts: {CORRECTION.format(m=comparisons(mine, experiment))}", header, "-" * len(header)]
         for row in mine:
             unit = UNITS.get(row.metric, "%")
             if row.metric == "requests":
@@ -47,9 +48,19 @@ def table(rows: Sequence[Row], collected: Collected) -> str:
             value = f"{number(row.value, unit)} [{number(row.lo, unit)}, {number(row.hi, unit)}]"
             low, high = number(row.diff_lo, unit, True), number(row.diff_hi, unit, True)
             diff = "" if row.diff is None else f"{number(row.diff, unit, True)} [{low}, {high}]"
-            lines.append(f"{row.metric:<12} {row.arm:<16} {row.n:>8,}  {value:<32} {diff:<34} {row.verdict}")
+            verdict = f"{row.verdict} (small n)" if row.small_n and not row.control else row.verdict
+            lines.append(f"{row.metric:<12} {row.arm:<16} {row.n:>8,}  {value:<32} {diff:<34} {verdict}")
+        lines += _small_warning(mine)
         lines.append("")
     return "\n".join(lines)
+
+
+def _small_warning(rows: Sequence[Row]) -> list[str]:
+    small = [f"{row.metric} {row.arm}" for row in rows if row.small_n and not row.control]
+    if not small:
+        return []
+    return [f"Warning: small samples ({', '.join(small)}): fewer than {MIN_MEAN_N} values for a mean or "
+            f"{MIN_TAIL} beyond a percentile in the arm or the control; their figures and verdicts are fragile"]
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
@@ -58,7 +69,8 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         out.writerow(COLUMNS)
         for r in rows:
             out.writerow([r.experiment, r.metric, r.arm, int(r.control), r.n, *(_cell(v) for v in (
-                r.value, r.lo, r.hi, r.diff, r.diff_lo, r.diff_hi)), r.verdict])
+                r.value, r.lo, r.hi, r.diff, r.diff_lo, r.diff_hi)), r.verdict, _cell(r.p), _cell(r.p_holm),
+                int(r.small_n)])
 
 
 def _cell(value: float | None) -> str:

@@ -11,8 +11,17 @@ Per arm: request count and share; TTFT, TPOT and E2E p50 and p99 (served request
 requests served within the TTFT SLO; served, without an SLO); cost per 1,000 requests; feedback mean
 (the last feedback per request id); shadow agreement and judge score means. Each figure has a
 percentile-bootstrap 95 % interval (numpy, seeded: the same logs give the same report), and each arm
-its difference to the control arm with its own bootstrap interval: `better` or `worse` when that interval
-excludes zero, `inconclusive` when it does not.
+its difference to the control arm with its own bootstrap interval and a two-sided permutation p-value (the
+arm's and the control's values pooled and shuffled between them `n_perm` times: exact under "the arm makes
+no difference", whatever the metric's distribution and however few the values).
+
+An experiment makes many comparisons (each metric of each arm against control): at 95 % each, pure noise
+would be called `better` or `worse` somewhere most of the time. Verdicts therefore hold the family-wise
+error rate at 5 % per experiment with Holm's step-down correction over all its comparisons: `better` or
+`worse` when the Holm-adjusted p-value is below 0.05, `inconclusive` otherwise. The intervals shown are
+per comparison (unadjusted). A comparison on few values is flagged `small_n` (fewer than 30 values for a
+mean, fewer than 5 beyond the quantile for a percentile: 500 for p99) and listed as a warning: its test stays
+valid, but it can only find large differences and its interval is rough.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
@@ -34,6 +43,12 @@ Better = Literal["lower", "higher"]
 Floats = npt.NDArray[np.float64]
 CHUNK = 4_000_000  # resampled indices held at once (int32: 16 MB)
 LEVEL = 0.95
+ALPHA = 1 - LEVEL  # family-wise, per experiment (Holm)
+PERMUTATIONS = 2000  # per comparison: p-values down to 1/2001, below what Holm asks of 40 comparisons
+MIN_MEAN_N = 30  # values a mean needs before its comparison is not flagged small
+MIN_TAIL = 5  # values beyond a percentile it needs (p99: 500, p50: 10)
+CORRECTION = ("permutation p-values, Holm-adjusted over the {m} comparisons of this experiment (metrics x arms): "
+              "at most a 5 % chance of any false better/worse; the intervals are per comparison")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +71,7 @@ METRICS = (
     Metric("agreement", "agreement", None, "higher", ""),
     Metric("judge", "judge", None, "higher", ""),
 )  # fmt: skip
+METRIC_BY_NAME = {metric.name: metric for metric in METRICS}
 
 
 @dataclass(slots=True)
@@ -107,6 +123,9 @@ class Row:
     diff_lo: float | None = None
     diff_hi: float | None = None
     verdict: str = ""
+    p: float | None = None  # two-sided, this comparison alone
+    p_holm: float | None = None  # adjusted over the experiment's comparisons: the verdict reads this
+    small_n: bool = False  # too few values (this arm's or the control's) for the figure to be trusted
 
 
 def collect(paths: Iterable[Path], slo_ms: float | None = None, tenant: str | None = None) -> Collected:
@@ -198,7 +217,7 @@ def control_of(arms: dict[str, ArmData], asked: str | None = None) -> str | None
 
 
 def analyze(collected: Collected, *, control: str | None = None, experiments: Iterable[str] | None = None,
-            n_boot: int = 1000, seed: int = 0) -> list[Row]:
+            n_boot: int = 1000, seed: int = 0, n_perm: int = PERMUTATIONS) -> list[Row]:
     rows: list[Row] = []
     names = sorted(collected.arms) if experiments is None else [e for e in experiments if e in collected.arms]
     for experiment in names:
@@ -208,18 +227,46 @@ def analyze(collected: Collected, *, control: str | None = None, experiments: It
         total = sum(data.requests for data in arms.values())
         rows += [Row(experiment, "requests", arm, arm == base, arms[arm].requests,
                      arms[arm].requests / total if total else None, None, None) for arm in order]
+        measured: list[Row] = []
         for metric in METRICS:
             if not any(len(getattr(data, metric.source)) for data in arms.values()):
                 continue
             reps = {arm: _replicates(arms[arm].values(metric.source), metric, n_boot, seed, experiment, arm)
                     for arm in order}
             for arm in order:
-                rows.append(_row(experiment, metric, arm, base, arms, reps))
+                measured.append(_row(experiment, metric, arm, base, arms, reps, n_perm, seed))
+        rows += holm(measured)
     return rows
 
 
+def comparisons(rows: Iterable[Row], experiment: str) -> int:
+    """How many comparisons the experiment's verdicts were corrected for."""
+    return sum(1 for row in rows if row.experiment == experiment and row.p is not None)
+
+
+def holm(rows: list[Row]) -> list[Row]:
+    """Verdicts from Holm's step-down adjustment of the rows' p-values (one experiment's family)."""
+    tested = sorted((row.p, i) for i, row in enumerate(rows) if row.p is not None)
+    adjusted: dict[int, float] = {}
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    out = []
+    for i, row in enumerate(rows):
+        if i not in adjusted:
+            out.append(row)
+            continue
+        verdict = "inconclusive"
+        if adjusted[i] < ALPHA and row.diff is not None and row.diff != 0:
+            higher = row.diff > 0
+            verdict = "better" if higher == (METRIC_BY_NAME[row.metric].better == "higher") else "worse"
+        out.append(replace(row, p_holm=adjusted[i], verdict=verdict))
+    return out
+
+
 def _row(experiment: str, metric: Metric, arm: str, base: str | None, arms: dict[str, ArmData],
-         reps: dict[str, Floats | None]) -> Row:
+         reps: dict[str, Floats | None], n_perm: int, seed: int) -> Row:
     values = arms[arm].values(metric.source)
     value = _stat(values, metric)
     mine = reps[arm]
@@ -227,17 +274,41 @@ def _row(experiment: str, metric: Metric, arm: str, base: str | None, arms: dict
     if base is None or arm == base:
         return Row(experiment, metric.name, arm, arm == base, len(values), value, lo, hi,
                    verdict="control" if arm == base else "")
-    control_value = _stat(arms[base].values(metric.source), metric)
+    control_values = arms[base].values(metric.source)
+    control_value = _stat(control_values, metric)
     theirs = reps[base]
+    small = _small(len(values), metric) or _small(len(control_values), metric)
     if value is None or control_value is None or mine is None or theirs is None:
-        return Row(experiment, metric.name, arm, False, len(values), value, lo, hi, verdict="n/a")
+        return Row(experiment, metric.name, arm, False, len(values), value, lo, hi, verdict="n/a", small_n=small)
+    diff = value - control_value
     diff_lo, diff_hi = _interval(mine - theirs)
-    verdict = "inconclusive"
-    if diff_lo is not None and diff_hi is not None and (diff_lo > 0 or diff_hi < 0):
-        higher = diff_lo > 0
-        verdict = "better" if higher == (metric.better == "higher") else "worse"
-    return Row(experiment, metric.name, arm, False, len(values), value, lo, hi, value - control_value, diff_lo,
-               diff_hi, verdict)
+    rng = np.random.default_rng([seed, 1, *(zlib.crc32(s.encode()) for s in (experiment, metric.name, arm))])
+    return Row(experiment, metric.name, arm, False, len(values), value, lo, hi, diff, diff_lo, diff_hi,
+               p=permutation_p(values, control_values, metric, n_perm, rng), small_n=small)
+
+
+def _small(n: int, metric: Metric) -> bool:
+    if metric.quantile is None:
+        return n < MIN_MEAN_N
+    return n * min(metric.quantile, 1 - metric.quantile) < MIN_TAIL
+
+
+def permutation_p(mine: Floats, theirs: Floats, metric: Metric, n_perm: int, rng: np.random.Generator) -> float:
+    """Two-sided: the share of `n_perm` relabellings of the pooled values whose difference of the statistic is at
+    least the observed one (ties count against the arm), with the +1 that keeps it valid."""
+    def stats(values: Floats) -> Floats:
+        if metric.quantile is None:
+            return np.asarray(values.mean(axis=-1), dtype=np.float64)
+        return np.asarray(np.quantile(values, metric.quantile, axis=-1), dtype=np.float64)
+
+    pooled, cut = np.concatenate([mine, theirs]), len(mine)
+    observed = abs(float(stats(mine) - stats(theirs)))
+    at_least = observed * (1 - 1e-9)  # float noise in a tie must not make it look extreme
+    rows, count = max(1, CHUNK // len(pooled)), 0
+    for start in range(0, n_perm, rows):
+        shuffled = rng.permuted(np.broadcast_to(pooled, (min(rows, n_perm - start), len(pooled))), axis=1)
+        count += int(np.count_nonzero(np.abs(stats(shuffled[:, :cut]) - stats(shuffled[:, cut:])) >= at_least))
+    return (count + 1) / (n_perm + 1)
 
 
 def _stat(values: Floats, metric: Metric) -> float | None:

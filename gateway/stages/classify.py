@@ -1,6 +1,9 @@
-"""Classify: score the prompt's difficulty for model 'auto' when the policy routes by bands.
+"""Classify: for model 'auto', predict each measured model's answer quality when the tenant routes by
+`quality_floor`, and score the prompt's difficulty when its bands are needed.
 
-A classifier failure never fails the request: it is logged and the request takes the default tier.
+The bands are needed when the tenant has them and no quality prediction is there to route on (the tenant
+routes by bands, the gateway has no predictor, or the predictor failed). Neither model failing fails the
+request: the failure is logged and the request takes the bands, or else the default tier.
 """
 
 from __future__ import annotations
@@ -8,18 +11,29 @@ from __future__ import annotations
 import structlog
 
 from gateway.context import RequestContext
-from gateway.types import AUTO_MODEL, DifficultyScorer, Reply
+from gateway.types import AUTO_MODEL, DifficultyScorer, QualityPredictor, Reply
 
 log = structlog.get_logger("gateway.classify")
 
 
 class ClassifyStage:
-    def __init__(self, scorer: DifficultyScorer | None) -> None:
+    def __init__(self, scorer: DifficultyScorer | None, predictor: QualityPredictor | None = None) -> None:
         self._scorer = scorer
+        self._predictor = predictor
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        routing = ctx.tenant.routing if ctx.tenant else None
-        if self._scorer is None or ctx.model_requested != AUTO_MODEL or routing is None or ctx.endpoint == "embeddings":
+        tenant = ctx.tenant
+        if tenant is None or ctx.model_requested != AUTO_MODEL or ctx.endpoint == "embeddings":
+            return None
+        if self._predictor is not None and tenant.quality_floor is not None:
+            try:
+                ctx.quality = await self._predictor.predict(ctx.prompt_text())
+            except Exception as err:  # the predictor is an optimisation, never a reason to fail
+                log.warning("quality_predictor_failed", request_id=ctx.request_id,
+                            error=f"{type(err).__name__}: {err}")
+            else:
+                return None
+        if self._scorer is None or tenant.routing is None:
             return None
         try:
             ctx.difficulty = await self._scorer.score(ctx.prompt_text())

@@ -16,7 +16,7 @@ import orjson
 
 from gateway.backends.h1 import ClientFailure, Response, UpstreamClient
 from gateway.backends.idle import IdleWatchdog
-from gateway.backends.pool import ReplicaPool
+from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import SseRelay
 from gateway.backends.upstream import Retry, post, read_answer
 from gateway.config import Replica
@@ -26,7 +26,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.native import ResponsesScanner, is_native, settle as settle_native, upstream_body as native_body
 from gateway.sse import OutputLimit, SseScanner
 from gateway.stages.answer import ContextSink, apply_usage
-from gateway.stages.failover import answered, failover, first_byte, lease, leased
+from gateway.stages.failover import answered, failover, first_byte, lease
 from gateway.types import JsonReply, Reply, StreamReply
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions"}
@@ -47,7 +47,12 @@ class ProxyStage:
         return await failover(ctx, self._pool, self._metrics, lambda replica: self._attempt(ctx, replica))
 
     async def _attempt(self, ctx: RequestContext, replica: Replica) -> Reply:
-        with leased(lease(ctx, self._pool, replica)) as held:
+        """One replica's try. Until its relay exists, the attempt owns the replica's lease and the upstream
+        response: any exception closes the response and releases the lease here, once (as the replica's
+        failure on `Retry`). The relay then owns both (`SseRelay.close`, through `ContextSink.closed`)."""
+        held = lease(ctx, self._pool, replica)
+        response: Response | None = None
+        try:
             response = await self._post(ctx, replica)
             ctx.upstream_started = True
             if not ctx.stream:
@@ -56,6 +61,15 @@ class ProxyStage:
                 return reply
             first = await _first_bytes(response, replica)
             first_byte(ctx, held)
+            return StreamReply(self._relay(ctx, response, first, held))
+        except BaseException as err:
+            if response is not None:
+                response.close()  # a no-op once read whole
+            held.release(failed=isinstance(err, Retry))  # a no-op once answered
+            raise
+
+    def _relay(self, ctx: RequestContext, response: Response, first: bytes, held: Lease) -> SseRelay:
+        """The relay that takes over `response` and `held` from the attempt."""
         cap = ctx.tenant.output_cap if ctx.tenant else None
         limit = OutputLimit(cap.tokens, cap.chars) if cap else None
         scanner = (ResponsesScanner if is_native(ctx) else SseScanner)(
@@ -63,8 +77,8 @@ class ProxyStage:
             limit=limit)
         sink = ContextSink(ctx, held, self._count_tokens)
         idle_s = ctx.config.routes.upstream.read_timeout_s
-        return StreamReply(SseRelay(response, scanner, first, sink, self._watchdog, idle_s,
-                                    max_tokens=ctx.max_tokens, wants_usage=ctx.client_wants_usage))
+        return SseRelay(response, scanner, first, sink, self._watchdog, idle_s, max_tokens=ctx.max_tokens,
+                        wants_usage=ctx.client_wants_usage)
 
     async def _post(self, ctx: RequestContext, replica: Replica) -> Response:
         native = is_native(ctx)  # a Responses request to a tier serving /responses itself
@@ -79,16 +93,14 @@ class ProxyStage:
 
 
 async def _first_bytes(response: Response, replica: Replica) -> bytes:
+    """The first bytes of the stream (`Retry` when none came); the attempt closes the response on failure."""
     try:
         first = await response.readany()
     except TimeoutError:
-        response.close()
         raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
     except ClientFailure as err:
-        response.close()
         raise Retry(UpstreamError(f"backend {replica.name} failed before the first byte: {err}")) from None
     if not first:
-        response.close()
         raise Retry(UpstreamError(f"backend {replica.name} closed the stream before the first byte"))
     return first
 

@@ -1,4 +1,5 @@
-"""Configs around given backend URLs, with a known API key, and a difficulty scorer that reads a table."""
+"""Configs around given backend URLs, with a known API key, and a difficulty scorer and a quality predictor that
+read a table."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ TEST_TENANT = "test-tenant"
 
 def tier(name: str, urls: Sequence[str], *, precision: str = "int4", input_per_mtok: float = 1.0,
          output_per_mtok: float = 2.0, context_window: int = 8192, model: str = "emulated",
-         tokenizer: str | None = None) -> Tier:
+         tokenizer: str | None = None, quality_model: str | None = None) -> Tier:
     """A tier whose replicas are `urls` (named NAME-0, NAME-1, ...)."""
     replicas = [{"name": f"{name}-{i}", "url": url, "model": model} for i, url in enumerate(urls)]
     return Tier.model_validate({
         "name": name, "precision": precision, "context_window": context_window,
         "prices": {"input_per_mtok": input_per_mtok, "output_per_mtok": output_per_mtok},
-        "replicas": replicas, "tokenizer": tokenizer,
+        "replicas": replicas, "tokenizer": tokenizer, "quality_model": quality_model,
     })
 
 
@@ -66,6 +67,28 @@ class TableScorer:
         if self.error is not None:
             raise self.error
         return self.table.get(text, self.default)
+
+
+class TableQualityPredictor:
+    """A QualityPredictor for tests: the per-model scores given for a prompt, else `default`; may raise."""
+
+    def __init__(self, table: Mapping[str, Mapping[str, float]], default: Mapping[str, float] | None = None,
+                 error: Exception | None = None) -> None:
+        self.table = {prompt: dict(scores) for prompt, scores in table.items()}
+        self.default = dict(default or {})
+        self.error = error
+        self.models = tuple(sorted({m for scores in [*self.table.values(), self.default] for m in scores}))
+        self.calls: list[str] = []
+        self.closed = False
+
+    async def predict(self, text: str) -> dict[str, float]:
+        self.calls.append(text)
+        if self.error is not None:
+            raise self.error
+        return dict(self.table.get(text, self.default))
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def routes_yaml(url: str, *, tier_name: str = "t", launch: str = "", extra: str = "") -> str:

@@ -189,8 +189,22 @@ def platt(scores: F64, hard: npt.NDArray[np.bool_]) -> tuple[float, float]:
     return float(theta[0]), float(theta[1])
 
 
+WAYS_IN = """every way in:
+  --data FILE                   labeled prompts (label in [0, 1], or RouteLLM's winner): the difficulty head
+                                (these options)
+  --from-shadow PAIRS.jsonl...  the gateway's own shadow pairs (`gateway serve --shadow-pairs`): a difficulty
+                                head labeled by the answers' agreement or the judge's grade
+                                (`gateway train --from-shadow --help`)
+  --from-outcomes FILE...       measured outcomes (prompt + per-model scores in [0, 1], optional cost, as in
+                                ../shared/outcomes/), shadow pairs, and /v1/feedback (the request log's
+                                `feedback` lines), in any mix: the quality router that quality_floor routes on
+                                (`gateway train --from-outcomes --help`)"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gateway train", description="Fit the prompt-difficulty head.")
+    p = argparse.ArgumentParser(prog="gateway train", description="Fit the prompt-difficulty head (--data), or see "
+                                "below for the other ways in.", epilog=WAYS_IN,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="JSONL: prompt + label in [0,1] or winner")
     p.add_argument("--out", type=Path, required=True, help="model folder to write (e.g. models/difficulty)")
     p.add_argument("--epochs", type=int, default=100, help="maximum Newton iterations")

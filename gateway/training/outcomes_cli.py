@@ -1,0 +1,81 @@
+"""`gateway train --from-outcomes FILE... [--out models/router]`: fit the quality router (models/router's kind) on measured
+outcomes: the public JSONL shape of ../shared/outcomes/ (prompt, per-model scores in [0, 1], optional cost),
+the gateway's own shadow pairs (`--shadow-pairs` of `gateway serve`) and its `/v1/feedback` (the `feedback`
+lines of the request log), in any mix (gateway.training.traffic_outcomes tells the lines apart).
+
+    gateway train --from-outcomes ../shared/outcomes/*.jsonl --out models/router
+    gateway train --from-outcomes .gateway/shadow-pairs.jsonl requests.log --routes routes/local.yaml --out DIR
+
+Traffic names a tier; the router predicts for measured models: `--routes` maps each tier to its quality_model
+(a tier without one keeps its name, so set `quality_model: <tier name>` to route on a router fitted on traffic
+alone). Exit status: 0 done, 2 bad arguments or data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.training.outcomes import HELDOUT_SHARE
+from gateway.training.traffic_outcomes import read_mixed
+
+
+def parser() -> argparse.ArgumentParser:
+    """The router's own options (gateway.training.router_train), and how traffic is read."""
+    from gateway.training.router_train import _parser as router_options
+
+    p = router_options()
+    p.description = ("Fit the quality router on measured outcomes, shadow pairs and feedback (`gateway train --help` "
+                     "lists the other ways in). FILEs: outcome rows ({prompt, scores: {model: score}}), shadow pairs, "
+                     "request logs with feedback lines, in any mix.")
+    p.add_argument("--routes", type=Path, default=None, metavar="FILE",
+                   help="name traffic's tiers by their quality_model in this routes file (default: none, a tier "
+                        "keeps its own name)")
+    p.add_argument("--heldout-share", type=float, default=HELDOUT_SHARE,
+                   help="share of prompts held out for measuring, by a hash of the normalized text "
+                        "(default: %(default)s)")
+    return p
+
+
+def tier_models(routes: Path | None) -> dict[str, str]:
+    """tier name -> quality_model of the routes file (empty without one)."""
+    if routes is None:
+        return {}
+    from gateway.config.loader import load_routes
+
+    return {t.name: t.quality_model for t in load_routes(routes).tiers if t.quality_model}
+
+
+def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from gateway.config import ConfigError
+
+    try:
+        rows, counts = read_mixed(args.files, tier_models(args.routes), args.heldout_share)
+    except ConfigError as err:
+        print("\n".join(str(i) for i in err.issues), file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as err:
+        print(f"gateway train --from-outcomes: {err}", file=sys.stderr)
+        return 2
+    print(f"read {counts.summary()}")
+    if not rows:
+        print("gateway train --from-outcomes: no rows to train on", file=sys.stderr)
+        return 2
+    splits = Counter(r.split for r in rows)
+    sources = Counter(r.source for r in rows)
+    print(f"rows {len(rows)}: train {splits['train']}, held out {splits['heldout']}; by source: "
+          + ", ".join(f"{name} {n}" for name, n in sources.most_common()))
+    from gateway.training.outcomes import train_router
+
+    try:
+        metrics = train_router(rows, args.out, l2=args.l2, cache_dir=args.embed_cache,
+                               difficulty_dir=args.difficulty, paths=args.files, threads=args.threads)
+    except (OSError, ValueError) as err:
+        print(f"gateway train --from-outcomes: {err}", file=sys.stderr)
+        return 2
+    print(f"fitted {len(metrics['models'])} model outputs in {metrics['training']['seconds']} s -> {args.out}")
+    return 0
