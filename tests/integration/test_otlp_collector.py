@@ -8,7 +8,6 @@ answers from a script."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import socket
 import subprocess
@@ -16,16 +15,15 @@ import sys
 import time
 from typing import Any
 
-import orjson
 import pytest
 from aiohttp import web
-from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTracePartialSuccess, \
     ExportTraceServiceRequest, ExportTraceServiceResponse
 from structlog.testing import capture_logs
 
 from gateway.tracing.otlp import Encoder, ExportSettings, Exporter, SpanRecord
 from tests.conftest import StartApp
+from tests.unit.test_otlp import from_json
 
 TRACE = int("4bf92f3577b34da6a3ce929d0e0e4736", 16)
 Answer = tuple[int, dict[str, str], bytes]  # status, headers, body
@@ -52,7 +50,7 @@ class Collector:
     async def traces(self, request: web.Request) -> web.Response:
         body, content_type = await request.read(), request.headers.get("Content-Type", "")
         if content_type == "application/json":
-            export = json_format.ParseDict(_hex_ids_as_base64(orjson.loads(body)), ExportTraceServiceRequest())
+            export = from_json(body)
         else:
             export = ExportTraceServiceRequest.FromString(body)
         self.requests.append((content_type, export))
@@ -69,13 +67,6 @@ class Collector:
 
     def span_names(self) -> list[str]:
         return [s.name for _, e in self.requests for rs in e.resource_spans for ss in rs.scope_spans for s in ss.spans]
-
-
-def _hex_ids_as_base64(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId")
-                else _hex_ids_as_base64(v) for k, v in value.items()}
-    return [_hex_ids_as_base64(v) for v in value] if isinstance(value, list) else value
 
 
 async def export(endpoint: str, batch: list[SpanRecord], **settings: Any) -> tuple[Exporter, list[dict[str, Any]]]:
