@@ -87,6 +87,8 @@ STATUS_TABLE = [
     ([(202, {}, b"")], 1, 3, 0),
     ([(200, {"Content-Type": "application/x-protobuf"}, partial(2, "two too old"))], 1, 1, 2),
     ([(200, {"Content-Type": "application/x-protobuf"}, partial(0, "deprecated field"))], 1, 3, 0),
+    ([(200, {"Content-Type": "application/json"},
+       b'{"partialSuccess": {"rejectedSpans": "2", "errorMessage": "two too old"}}')], 1, 1, 2),  # OTLP/JSON
     *[([(status, REDIRECT, b"")], 1, 0, 3) for status in (301, 302, 303, 307, 308)],  # not followed, not retried
     *[([(status, {}, b"")], 1, 0, 3) for status in (400, 401, 403, 404, 413, 500, 501)],  # not retried
     *[([(status, {"Retry-After": "0"}, b"")], 2, 3, 0) for status in (429, 502, 503, 504)],  # retried
