@@ -7,7 +7,9 @@ In: one JSON object a line, `{"id": ..., "prompt": "..."}` (`id` optional: the l
 line per prompt, `{"id", "quality": {tier: predicted score}, "gain"}` where `gain` is the dearest tier's
 predicted quality minus the cheapest's for that prompt (prices of its tokens plus --max-tokens; higher: more
 need for the dearest tier), so thresholds can be swept with any outside tool. The tiers are the routes file's
-chat tiers with a `quality_model` the predictor knows. Exit status: 0 done, 2 bad input or no predictor.
+chat tiers with a `quality_model` the predictor knows. With `--floors 0.02,0.05` it prints, per floor, the share
+of the prompts each tier would get and the mean predicted quality kept: how a policy's quality_floor is
+calibrated on a sample of your prompts. Exit status: 0 done, 2 bad input or no predictor.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import argparse
 import asyncio
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.stats import estimate_tokens
-from gateway.quality_routing import gain, tier_options
+from gateway.quality_routing import TierOption, choose, gain, tier_options
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig, RoutesConfig
@@ -99,19 +102,46 @@ def read_prompts(path: Path) -> list[tuple[Any, str]]:
     return out
 
 
-def score_rows(predictions: Sequence[dict[str, float]], prompts: Sequence[tuple[Any, str]], routes: RoutesConfig,
-               completion_tokens: int) -> list[dict[str, Any]]:
-    """The output lines: each tier's predicted quality (the routes file's order) and the gain."""
+def prompt_options(predictions: Sequence[dict[str, float]], prompts: Sequence[tuple[Any, str]], routes: RoutesConfig,
+                   completion_tokens: int) -> list[list[TierOption]]:
+    """Each prompt's tiers with their predicted quality and price, cheapest first."""
     day = datetime.now(UTC).date()
+    return [tier_options(predicted, routes.tiers, prompt_tokens=estimate_tokens(len(prompt)),
+                         completion_tokens=completion_tokens, day=day)
+            for (_, prompt), predicted in zip(prompts, predictions, strict=True)]
+
+
+def score_rows(options: Sequence[Sequence[TierOption]], prompts: Sequence[tuple[Any, str]],
+               routes: RoutesConfig) -> list[dict[str, Any]]:
+    """The output lines: each tier's predicted quality (the routes file's order) and the gain."""
     rows = []
-    for (key, prompt), predicted in zip(prompts, predictions, strict=True):
-        options = tier_options(predicted, routes.tiers, prompt_tokens=estimate_tokens(len(prompt)),
-                               completion_tokens=completion_tokens, day=day)
-        by_tier = {o.tier: round(o.quality, 6) for o in options}
-        quality = {t.name: by_tier[t.name] for t in routes.tiers if t.name in by_tier}
-        value = gain(options)
-        rows.append({"id": key, "quality": quality, "gain": None if value is None else round(value, 6)})
+    for (key, _), choices in zip(prompts, options, strict=True):
+        by_tier = {o.tier: round(o.quality, 6) for o in choices}
+        value = gain(choices)
+        rows.append({"id": key, "quality": {t.name: by_tier[t.name] for t in routes.tiers if t.name in by_tier},
+                     "gain": None if value is None else round(value, 6)})
     return rows
+
+
+def sweep(options: Sequence[Sequence[TierOption]], floors: Sequence[float]) -> list[str]:
+    """Per floor: the share of the prompts each tier would get, and the mean predicted quality of the choices
+    against sending every prompt to the cheapest and to the dearest tier (a floor's calibration)."""
+    usable = [o for o in options if len(o) >= 2]
+    if not usable:
+        return []
+    cheapest = sum(o[0].quality for o in usable) / len(usable)
+    dearest = sum(o[-1].quality for o in usable) / len(usable)
+    lines = [f"{len(usable)} prompts: mean predicted quality {cheapest:.4f} all on the cheapest tier, "
+             f"{dearest:.4f} all on the dearest"]
+    for floor in floors:
+        chosen = [c.chosen for c in (choose(o, floor) for o in usable) if c is not None]
+        mean = sum(c.quality for c in chosen) / len(chosen)
+        shares = Counter(c.tier for c in chosen)
+        kept = (mean - cheapest) / (dearest - cheapest) if dearest != cheapest else 1.0
+        lines.append(f"floor {floor:g}: " + ", ".join(f"{tier} {n / len(chosen):.1%}" for tier, n in
+                                                      sorted(shares.items(), key=lambda kv: -kv[1]))
+                     + f"; mean predicted quality {mean:.4f} ({kept:.1%} of the dearest tier's gain kept)")
+    return lines
 
 
 async def predict_all(predictor: QualityPredictor, texts: Sequence[str], batch: int = SCORE_BATCH
@@ -148,7 +178,10 @@ def run_score(args: argparse.Namespace) -> int:
         predictions = asyncio.run(predict_all(predictor, [p for _, p in prompts]))
     finally:
         predictor.close()
-    rows = score_rows(predictions, prompts, routes, args.max_tokens)
+    options = prompt_options(predictions, prompts, routes, args.max_tokens)
+    rows = score_rows(options, prompts, routes)
     args.output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     print(f"scored {len(rows)} prompts over tiers {', '.join(tiers)} -> {args.output}", file=sys.stderr)
+    for line in sweep(options, args.floors):
+        print(line)
     return 0

@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import yaml
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
@@ -98,3 +99,31 @@ balancing: {{health_interval_s: 0, scrape_interval_s: 0}}
     reloader = app[GATEWAY].reloader
     assert reloader is not None and await reloader.reload()
     assert await tier_for() == "small"
+
+
+async def test_the_shipped_router_and_local_policy_route_the_readme_prompts(start_emulator: StartEmulator,
+                                                                          start_app: StartApp) -> None:
+    """models/router with policies/local.yaml's floor and routes/local.yaml's quality models (tier names mapped to
+    emulator tiers): the README's `hi` goes to the small tier, the Euclid proof to the large one."""
+    from gateway.classifier.quality import load_quality_predictor
+
+    root = Path(__file__).resolve().parents[2]
+    floor = yaml.safe_load((root / "policies" / "local.yaml").read_text())["quality_floor"]
+    models = {t["name"]: t["quality_model"] for t in yaml.safe_load((root / "routes" / "local.yaml").read_text())["tiers"]
+              if t.get("quality_model")}
+    url = f"{(await start_emulator()).url}/v1"
+    tiers = [tier("small", [url], input_per_mtok=0.078, output_per_mtok=0.214, quality_model=models["small-q4"]),
+             tier("large", [url], input_per_mtok=0.089, output_per_mtok=0.283, quality_model=models["large-f16"])]
+    predictor = load_quality_predictor(root / "models" / "router")
+    try:
+        app = create_app(gateway_config(tiers, policy={"quality_floor": floor}), predictor=predictor)
+        client = AsyncOpenAI(base_url=f"{await start_app(app)}/v1", api_key=TEST_API_KEY)
+        routed = {}
+        for prompt in ("hi", "thanks!", "Prove that there are infinitely many primes and explain Euclid's argument "
+                       "step by step.", "Write a lock-free MPMC queue in Rust with benchmarks."):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="auto", messages=[{"role": "user", "content": prompt}], max_tokens=4)
+            routed[prompt[:10]] = raw.headers["x-gateway-tier"]
+    finally:
+        predictor.close()
+    assert routed == {"hi": "small", "thanks!": "small", "Prove that": "large", "Write a lo": "large"}

@@ -80,3 +80,19 @@ def test_a_missing_predictor_is_a_clear_error(tmp_path: Path, capsys: pytest.Cap
     code = main(["route", "score", str(prompts), str(tmp_path / "o.jsonl"), "--routes", str(routes),
                  "--predictor", str(tmp_path / "nowhere")])
     assert code == 2 and "gateway route score: " in capsys.readouterr().err
+
+
+def test_floors_print_each_floors_tier_shares_and_quality_kept(tmp_path: Path, predictor: TableQualityPredictor,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    routes, prompts, out = tmp_path / "routes.yaml", tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    routes.write_text(ROUTES)
+    prompts.write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "prove it"}\n')
+    assert main(["route", "score", str(prompts), str(out), "--routes", str(routes), "--floors", "0,0.6"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "2 prompts: mean predicted quality 0.5500 all on the cheapest tier, 0.8100 all on the dearest"
+    # floor 0: each prompt on its best tier (large for both); floor 0.6: both within it of the best, on small
+    assert printed[1] == "floor 0: large 100.0%; mean predicted quality 0.8100 (100.0% of the dearest tier's gain kept)"
+    assert printed[2] == "floor 0.6: small 100.0%; mean predicted quality 0.5500 (0.0% of the dearest tier's gain kept)"
+    with pytest.raises(SystemExit) as bad:
+        main(["route", "score", str(prompts), str(out), "--floors", "2"])
+    assert bad.value.code == 2 and "floors are in [0, 1]" in capsys.readouterr().err
