@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
 from gateway.config.tenants import Assignment
+from gateway.quality_routing import QualityChoice
 from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
 
@@ -46,6 +47,9 @@ class RequestContext:
     max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
 
     difficulty: float | None = None  # the classifier's score, for model 'auto'
+    quality: Mapping[str, float] | None = None  # the quality predictor's score per measured model, for model 'auto'
+    quality_choice: QualityChoice | None = None  # the tier quality_floor chose, the options and why (route)
+    route_reason: str | None = None  # why model 'auto' went to its tier (route)
     tier: Tier | None = None
     candidates: tuple[Replica, ...] = ()
     prompt_tokens_est: int = 0  # the prompt's length in tokens, guessed from its characters (for routing)

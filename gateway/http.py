@@ -169,6 +169,10 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
         headers["x-gateway-backend"] = ctx.replica.name
     if ctx.difficulty is not None:
         headers["x-gateway-difficulty"] = f"{ctx.difficulty:.4f}"
+    if ctx.quality_choice is not None:
+        headers["x-gateway-quality"] = ",".join(f"{o.tier}={o.quality:.4f}" for o in ctx.quality_choice.options)
+    if ctx.route_reason is not None:
+        headers["x-gateway-route-reason"] = ctx.route_reason
     if ctx.assignment is not None:
         headers["x-gateway-arm"] = ctx.assignment.header
     if ctx.max_tokens_asked is not None:

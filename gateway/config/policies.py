@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
 from gateway.config.routes import Frozen
 
@@ -90,6 +90,23 @@ class CacheRule(Frozen):
     semantic: SemanticRule | None = None
 
 
+def _quality_floor(value: object) -> float | bool:
+    """A number from 0 to 1, or `false` (YAML's false is not 0.0, nor is 0 false): one error naming both."""
+    if value is False:
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    raise ValueError("must be a number from 0 to 1 (the predicted quality a cheaper tier may give up), "
+                     "or false (off)")
+
+
+QualityFloor = Annotated[float | bool, PlainValidator(_quality_floor), WithJsonSchema(
+    {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"const": False}]})]
+QUALITY_FLOOR_HELP = (
+    "model 'auto' by predicted answer quality: the cheapest tier whose predicted quality (the quality predictor's "
+    "score for the tier's quality_model in routes/) is within this of the best tier's; 0 takes the best tier, 1 "
+    "the cheapest; false turns it off. Without a prediction (no predictor, or it failed) the bands apply")
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 IMPLICIT_CONTROL = "control"
 TierMap = dict[str, str]
@@ -106,6 +123,7 @@ class Arm(Frozen):
     default_tier: str | None = Field(default=None, description="where model 'auto' goes without bands")
     tier_map: TierMap | None = Field(default=None, description="a tier the request would go to -> the tier serving it")
     max_tokens: MaxTokens | None = None
+    quality_floor: QualityFloor | None = Field(default=None, description=QUALITY_FLOOR_HELP)
 
     @model_validator(mode="after")
     def _control_overrides_nothing(self) -> Arm:
@@ -119,7 +137,7 @@ class Arm(Frozen):
         return tuple(name for name in OVERRIDABLE if getattr(self, name) is not None)
 
 
-OVERRIDABLE = ("routing", "default_tier", "tier_map", "max_tokens")
+OVERRIDABLE = ("routing", "default_tier", "tier_map", "max_tokens", "quality_floor")
 
 
 class Experiment(Frozen):
@@ -213,6 +231,7 @@ class Limits(Frozen):
     daily_budget_usd: float | None = Field(default=None, ge=0)
     cache: CacheRule | None = None
     routing: Routing | None = Field(default=None, description="classifier bands; without them auto = default_tier")
+    quality_floor: QualityFloor | None = Field(default=None, description=QUALITY_FLOOR_HELP)
     tier_map: TierMap | None = Field(
         default=None, description="a tier the request would go to (named or by 'auto') -> the tier serving it (once)"
     )
@@ -263,6 +282,9 @@ class PolicyConfig(Limits):
     dashboard_viewer_keys_sha256: tuple[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")], ...] = Field(
         default=(), description="hex SHA-256 of keys that may open GET /dashboard (read-only; the admin key may too)"
     )
+    quality_predictor: str = Field(
+        default="models/router", min_length=1,
+        description="folder of the trained quality predictor that quality_floor routes on (one per gateway)")
     tenants: tuple[Tenant, ...] = ()
 
     @model_validator(mode="after")

@@ -40,6 +40,7 @@ class TenantPolicy:
     daily_budget_usd: float | None
     cache: CacheRule
     routing: Routing | None
+    quality_floor: float | None  # model 'auto' by predicted quality (gateway.quality_routing); None: off
     # not hashed (mappings are not hashable): a TenantPolicy stays hashable whatever they hold
     tier_map: Mapping[str, str] = field(default_factory=dict, hash=False)  # the tier chosen -> the tier serving it
     experiments: tuple[Experiment, ...] = field(default=(), hash=False)
@@ -79,6 +80,7 @@ def _resolve(name: str, own: Limits, policy: PolicyConfig) -> TenantPolicy:
         daily_budget_usd=_first(own.daily_budget_usd, policy.daily_budget_usd),
         cache=_first(own.cache, policy.cache) or CacheRule(),
         routing=_first(own.routing, policy.routing),
+        quality_floor=_floor(_first(own.quality_floor, policy.quality_floor)),
         tier_map=MappingProxyType(dict(_first(own.tier_map, policy.tier_map) or {})),
         experiments=_first(own.experiments, policy.experiments) or (),
         shadow=_first(own.shadow, policy.shadow),
@@ -87,6 +89,11 @@ def _resolve(name: str, own: Limits, policy: PolicyConfig) -> TenantPolicy:
 
 def _first(own: T | None, inherited: T | None) -> T | None:
     return inherited if own is None else own
+
+
+def _floor(value: float | bool | None) -> float | None:
+    """A quality_floor as the request path reads it: `false` (off) and unset are both None."""
+    return None if value is None or value is False else float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +172,8 @@ def apply_arm(policy: TenantPolicy, arm: Arm) -> TenantPolicy:
         changes["tier_map"] = MappingProxyType(dict(arm.tier_map))
     if arm.max_tokens is not None:
         changes["max_tokens"] = arm.max_tokens
+    if arm.quality_floor is not None:
+        changes["quality_floor"] = _floor(arm.quality_floor)
     return dataclasses.replace(policy, **changes)
 
 
@@ -193,6 +202,12 @@ def classifier_folders(tenants: Iterable[TenantPolicy]) -> tuple[list[str], list
     arms = {a.policy.routing.classifier for t in tenants if t.plan for e in t.plan.experiments for a in e.arms
             if a.policy.routing}
     return sorted(base), sorted(arms - base)
+
+
+def routes_by_quality(tenants: Iterable[TenantPolicy]) -> bool:
+    """Whether a tenant, or one of its experiment arms, routes model 'auto' by predicted quality."""
+    return any(t.quality_floor is not None or (t.plan is not None and any(
+        a.policy.quality_floor is not None for e in t.plan.experiments for a in e.arms)) for t in tenants)
 
 
 def _other_classifiers(tenants: Sequence[tuple[TenantPolicy, str]]) -> list[ConfigIssue]:

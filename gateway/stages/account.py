@@ -48,6 +48,8 @@ class Accountant:
             "tenant": ctx.tenant_name,
             "model_requested": ctx.model_requested,
             "difficulty": None if ctx.difficulty is None else round(ctx.difficulty, 4),
+            "quality": _qualities(ctx),
+            "route_reason": ctx.route_reason,
             "tier": tier,
             "backend": ctx.replica.name if ctx.replica else None,
             "status": ctx.status,
@@ -109,6 +111,12 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     base = ctx.config.baseline
     baseline = priced if base is ctx.tier else base.price_at(day).cost_usd(*tokens)
     return (0.0, priced, baseline) if hit else (priced, 0.0, baseline)
+
+
+def _qualities(ctx: RequestContext) -> dict[str, float] | None:
+    """Each tier's predicted quality when quality_floor chose the tier (tier -> score)."""
+    choice = ctx.quality_choice
+    return None if choice is None else {o.tier: round(o.quality, 4) for o in choice.options}
 
 
 def _ms(seconds: float | None) -> float | None:

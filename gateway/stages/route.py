@@ -1,5 +1,7 @@
-"""Route: the requested model names a tier; 'auto' takes the difficulty band's tier (or the default).
-The tenant's (or its experiment arm's) tier map then names the tier that serves it, before the allowed check."""
+"""Route: the requested model names a tier; 'auto' takes the cheapest tier within the tenant's quality floor
+(gateway.quality_routing) when the quality predictor scored the prompt, else the difficulty band's tier, else
+the default. The tenant's (or its experiment arm's) tier map then names the tier that serves it, before the
+allowed check. `ctx.route_reason` says why 'auto' went where it went."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ from collections.abc import Callable
 
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.stats import estimate_tokens
+from gateway.clock import utc_day
 from gateway.context import RequestContext
 from gateway.detour import detour
 from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 from gateway.protocols.embeddings import check_dimensions
+from gateway.quality_routing import choose, tier_options
 from gateway.types import AUTO_MODEL, Reply
 
 
@@ -55,7 +59,8 @@ class RouteStage:
 
 
 def _auto_tier(ctx: RequestContext) -> str:
-    """The difficulty band's tier where the tenant may use it, else the tenant's default tier."""
+    """The quality floor's tier, else the difficulty band's tier where the tenant may use it, else the tenant's
+    default tier; `ctx.route_reason` says which."""
     tenant = ctx.tenant
     if ctx.endpoint == "embeddings":  # the first embedding tier the tenant may use, of the dimensions asked for
         embedders = [t for t in ctx.config.routes.tiers if t.endpoint == "embeddings"]
@@ -65,7 +70,42 @@ def _auto_tier(ctx: RequestContext) -> str:
         return chosen[0].name if chosen else ""
     if tenant is None:
         return ctx.config.policy.default_tier or ""
+    if ctx.quality is not None and tenant.quality_floor is not None:
+        if (tier := _quality_tier(ctx, tenant.quality_floor)) is not None:
+            return tier
     if tenant.routing is None or ctx.difficulty is None:
+        ctx.route_reason = f"default tier: {_why_default(ctx)}"
         return tenant.default_tier
     band_tier = tenant.routing.tier_for(ctx.difficulty)
-    return band_tier if tenant.allows(band_tier) else tenant.default_tier
+    if not tenant.allows(band_tier):
+        ctx.route_reason = f"default tier: the band's tier {band_tier} is not allowed (difficulty {ctx.difficulty:.4f})"
+        return tenant.default_tier
+    ctx.route_reason = f"band: difficulty {ctx.difficulty:.4f} -> {band_tier}"
+    return band_tier
+
+
+def _quality_tier(ctx: RequestContext, floor: float) -> str | None:
+    """The cheapest tier the tenant may use within `floor` of the best predicted quality (None: no such tier)."""
+    tenant = ctx.tenant
+    assert tenant is not None and ctx.quality is not None
+    usable = [t for t in ctx.config.routes.tiers if tenant.allows(t.name)]
+    completion = ctx.max_tokens if ctx.max_tokens is not None else tenant.max_tokens.default
+    options = tier_options(ctx.quality, usable, prompt_tokens=estimate_tokens(len(ctx.prompt_text())),
+                           completion_tokens=completion, day=utc_day(ctx.ts))
+    choice = choose(options, floor)
+    if choice is None:
+        return None
+    ctx.quality_choice, ctx.route_reason = choice, choice.reason
+    return choice.tier
+
+
+def _why_default(ctx: RequestContext) -> str:
+    tenant = ctx.tenant
+    assert tenant is not None
+    if tenant.quality_floor is not None and ctx.quality is not None:
+        return "no tier the tenant may use has a quality prediction"
+    if tenant.quality_floor is not None and tenant.routing is None:
+        return "no quality prediction (no predictor, or it failed) and no bands"
+    if tenant.routing is None:
+        return "the tenant routes by neither quality_floor nor bands"
+    return "no difficulty score (no classifier, or it failed)"
