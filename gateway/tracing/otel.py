@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.tracing")
 
 OPERATIONS = {"chat": "chat", "completions": "text_completion"}
-SPAN_NAMES = {name: f"gateway.{name}" for name in (CLASSIFICATION, CACHE, ADMISSION, UPSTREAM)}  # (others: the same)
+# span names by stage span (a stage span this module has no attributes for is named the same way)
+SPAN_NAMES = {name: f"gateway.{name}" for name in (CLASSIFICATION, CACHE, ADMISSION, UPSTREAM)}
 SCOPE = "gateway"  # the instrumentation scope's name
 ROOT_KEYS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.request.max_tokens",
              "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.finish_reasons",

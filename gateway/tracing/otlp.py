@@ -135,10 +135,13 @@ class ExportSettings:
             compression = "none"
         timeout = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT" if environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") else \
             "OTEL_EXPORTER_OTLP_TIMEOUT"
+        timeout_ms = max(1.0, _env_number(environ, timeout, 10000))
+        if environ.get(timeout) and timeout_ms < 100:  # 10 meant as seconds (the Python SDK's reading) is 10 ms here
+            log.warning("tracing_short_timeout", variable=timeout, milliseconds=timeout_ms)
         queue = max(1, int(_env_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)))
         batch = max(1, int(_env_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)))
         return cls(endpoint=url, protocol=export_protocol(environ), headers=headers,
-                   timeout_s=max(1.0, _env_number(environ, timeout, 10000)) / 1000, compression=compression,
+                   timeout_s=timeout_ms / 1000, compression=compression,
                    certificate=_signal(environ, "CERTIFICATE"),
                    client_certificate=_signal(environ, "CLIENT_CERTIFICATE"), client_key=_signal(environ, "CLIENT_KEY"),
                    schedule_delay_s=max(1.0, _env_number(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000)) / 1000,

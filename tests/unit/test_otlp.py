@@ -61,6 +61,9 @@ def test_the_timeout_variables_are_milliseconds() -> None:
     assert ExportSettings.from_environ({"OTEL_EXPORTER_OTLP_TIMEOUT": "2500"}).timeout_s == 2.5
     assert ExportSettings.from_environ({"OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
                                         "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "750"}).timeout_s == 0.75
+    with capture_logs() as logs:  # seconds written as the Python SDK reads them: said
+        assert ExportSettings.from_environ({"OTEL_EXPORTER_OTLP_TIMEOUT": "10"}).timeout_s == 0.01
+    assert [(e["event"], e["milliseconds"]) for e in logs] == [("tracing_short_timeout", 10.0)]
 
 
 def test_grpc_is_refused_with_the_reason_and_http_json_is_spoken() -> None:
