@@ -20,13 +20,16 @@ Nothing here runs on a stream that never broke.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from gateway.backends.h1 import Response
 from gateway.sse import SseScanner, StreamTally
 from gateway.types import Endpoint
+
+if TYPE_CHECKING:
+    from gateway.backends.relay import StreamSink
 
 HEAD_FIELDS = ("id", "object", "created", "model")
 
@@ -116,12 +119,13 @@ class Continuation:
     response: Response
     first: bytes
     scanner: SseScanner
-    sink: Any  # a relay.StreamSink (typed there: relay imports this module)
+    sink: StreamSink
 
 
 class Resumer(Protocol):
     """Continues one request's broken stream elsewhere (the proxy stage builds it per request)."""
 
-    async def resume(self, scanner: SseScanner, code: str) -> Continuation | str:
-        """The stream `scanner` read broke (`code`): its continuation, or why there is none."""
+    async def resume(self, scanner: SseScanner, code: str) -> Continuation | str | None:
+        """The stream `scanner` read broke (`code`): its continuation; why there is none; or None when nothing
+        was left to generate (every token asked for was sent, only the stream's end was lost)."""
         ...
