@@ -84,16 +84,17 @@ def value(v: AnyValue) -> Any:
 
 
 async def started(start_app: StartApp, routes: dict[str, Any] | None = None, redis_url: str | None = None
-                  ) -> tuple[str, Receiver, list[str]]:
+                  ) -> tuple[str, Receiver, list[dict[str, str]]]:
     """A receiver, an emulator that records the traceparent headers it gets, and a traced gateway."""
     receiver = Receiver()
     collector = await start_app(receiver.app())
-    seen: list[str] = []
+    seen: list[dict[str, str]] = []  # the trace headers each request to the backend carried
 
     @web.middleware
     async def record(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                      ) -> web.StreamResponse:
-        seen.append(request.headers.get("traceparent", ""))
+        seen.append({k.lower(): v for k, v in request.headers.items()
+                     if k.lower() in ("traceparent", "tracestate", "baggage")})
         return await handler(request)
 
     emulator = create_emulator_app(get_profile("int4"), 0, None)
@@ -160,7 +161,7 @@ async def test_one_trace_per_request_with_stage_spans_and_genai_attributes(start
         assert found["gateway.tier"] == ("large" if root is continued else "small")
         assert found["gateway.difficulty"] == pytest.approx(0.9 if root is continued else 0.2)
         # the backend got the upstream span as its parent
-        assert (root.trace_id.hex(), upstream.span_id.hex(), True) in [parsed(header) for header in seen]
+        assert (root.trace_id.hex(), upstream.span_id.hex(), True) in [parsed(headers["traceparent"]) for headers in seen]
 
 
 async def test_the_routes_file_turns_tracing_on_and_its_ratio_samples(start_app: StartApp, otel_env: None) -> None:
@@ -173,9 +174,29 @@ async def test_the_routes_file_turns_tracing_on_and_its_ratio_samples(start_app:
     assert {s.trace_id.hex() for s in receiver.spans} == {CALLER_TRACE}
     names = {s.name for s in receiver.spans}  # without Redis no cache lookup, so no cache span
     assert names == {"chat auto", "gateway.classification", "gateway.admission", "gateway.upstream"}
-    unsampled, continued = (parsed(header) for header in seen)
+    unsampled, continued = (parsed(headers["traceparent"]) for headers in seen)
     assert unsampled[0] != CALLER_TRACE and not unsampled[2]  # still propagated, flagged not sampled
     assert continued[0] == CALLER_TRACE and continued[2]
+
+
+@pytest.mark.parametrize(("propagators", "given"), [
+    (None, {"traceparent", "tracestate", "baggage"}), ("tracecontext", {"traceparent", "tracestate"}),
+    ("baggage", {"baggage"}), ("none", set())])
+async def test_otel_propagators_decide_what_the_backend_gets(start_app: StartApp, otel_env: None,
+                                                             monkeypatch: pytest.MonkeyPatch, propagators: str | None,
+                                                             given: set[str]) -> None:
+    if propagators is not None:
+        monkeypatch.setenv("OTEL_PROPAGATORS", propagators)
+    url, receiver, seen = await started(start_app)
+    caller = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "v=1", "baggage": "user=alice"}
+    assert await ask(url, "easy one", True, caller) == 200
+    await receiver.wait_for(roots=1)
+    (backend,) = seen
+    assert set(backend) == given
+    if "baggage" in given:
+        assert backend["baggage"] == "user=alice"
+    continued = {s.trace_id.hex() for s in receiver.spans} == {CALLER_TRACE}
+    assert continued == ("traceparent" in given)  # the caller's trace continued only with tracecontext
 
 
 def test_tracing_off_imports_no_opentelemetry() -> None:
