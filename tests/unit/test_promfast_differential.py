@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from types import SimpleNamespace
 from typing import Any
 
@@ -99,6 +100,10 @@ def test_the_same_calls_give_the_same_bytes_as_prometheus_client(declarations: l
         assert run(promfast, declarations, operations) == expected
 
 
+class Tier(str, Enum):  # a str whose str() is not itself ("Tier.small"), equal and hashed as "small"
+    small = "small"
+
+
 @pytest.mark.parametrize("case", [
     # (declaration, operations): the defects, each a fixed example of the property above
     (("Counter", "t", "H", ("v",), ()), [(0, (1,), "inc", 1.0), (0, (True,), "inc", 2.0), (0, (1.0,), "inc", 4.0)]),
@@ -106,6 +111,7 @@ def test_the_same_calls_give_the_same_bytes_as_prometheus_client(declarations: l
     (("Histogram", "h", "H", (), (0.1, 1.0)), [(0, None, "observe", math.nan), (0, None, "observe", 0.5)]),
     (("Counter", "r", "H", ("__name",), ()), []),
     (("Gauge", "g", "H", ("v",), ()), [(0, (0,), "set", 1.0), (0, (False,), "set", 2.0), (0, (-0.0,), "set", 3.0)]),
+    (("Counter", "e", "H", ("tier",), ()), [(0, ("small",), "inc", 1.0), (0, (Tier.small,), "inc", 2.0)]),
 ])
 @pytest.mark.parametrize("created", [True, False])
 def test_fixed_cases_match(case: tuple[Any, list[Any]], created: bool) -> None:
