@@ -116,17 +116,21 @@ def _run(command: list[str]) -> None:
     subprocess.run(command, check=True, stdout=sys.stderr)
 
 
-def link_binding() -> Path | None:
-    """Point the installed `llama_cpp` binding's lib/ at this build's shared libraries (one build, not two).
-
-    Returns the binding's lib directory, or None when the binding is not installed."""
+def binding_lib_dir() -> Path | None:
+    """The installed `llama_cpp` binding's lib/ folder (where it loads libllama from), None without it."""
     import importlib.util
 
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
         return None
-    lib = Path(spec.origin).parent / "lib"
+    return Path(spec.origin).parent / "lib"
+
+
+def link_binding(lib: Path) -> list[str]:
+    """Point `lib` (the binding's) at this build's shared libraries, one symlink each (one build, not two);
+    returns the names linked."""
     lib.mkdir(exist_ok=True)
+    linked = []
     for name in LIBRARIES:
         target, link = bin_dir() / name, lib / name
         if not target.exists():
@@ -134,7 +138,8 @@ def link_binding() -> Path | None:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(target)
-    return lib
+        linked.append(name)
+    return linked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     args = parser.parse_args(argv)
     print(ensure_built(args.jobs))
-    lib = link_binding()
+    lib = binding_lib_dir()
     if lib is not None:
-        print(f"llama_cpp binding -> {lib}", file=sys.stderr)
+        print(f"llama_cpp binding: {', '.join(link_binding(lib))} in {lib} -> {bin_dir()}", file=sys.stderr)
     return 0
 
 
