@@ -18,25 +18,26 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from gateway.training.outcomes import HELDOUT_SHARE
 from gateway.training.traffic_outcomes import read_mixed
 
 
 def parser() -> argparse.ArgumentParser:
     """The router's own options (gateway.training.router_train), and how traffic is read."""
-    from gateway.training.router_train import _parser as router_options
+    from gateway.training.router_train import _parser as router_parser
 
-    p = router_options()
+    p = router_parser()
+    for action in p._actions:
+        if action.dest == "files":
+            action.help = ("JSONL files in any mix: outcome rows ({prompt, scores: {model: score in [0, 1]}}), shadow "
+                           "pairs, request logs with /v1/feedback lines")
     p.description = ("Fit the quality router on measured outcomes, shadow pairs and feedback (`gateway train --help` "
                      "lists the other ways in). FILEs: outcome rows ({prompt, scores: {model: score}}), shadow pairs, "
                      "request logs with feedback lines, in any mix.")
     p.add_argument("--routes", type=Path, default=None, metavar="FILE",
                    help="name traffic's tiers by their quality_model in this routes file (default: none, a tier "
                         "keeps its own name)")
-    p.add_argument("--heldout-share", type=float, default=HELDOUT_SHARE,
-                   help="share of prompts held out for measuring, by a hash of the normalized text "
-                        "(default: %(default)s)")
     return p
 
 
@@ -49,12 +50,21 @@ def tier_models(routes: Path | None) -> dict[str, str]:
     return {t.name: t.quality_model for t in load_routes(routes).tiers if t.quality_model}
 
 
+def router_options(args: argparse.Namespace) -> dict[str, Any]:
+    """train_router's keyword arguments from the router's own options (gateway.training.router_train._parser)."""
+    options = {"l2": args.l2, "cache_dir": args.embed_cache, "difficulty_dir": args.difficulty, "paths": args.files,
+               "threads": args.threads}
+    if hasattr(args, "gate"):
+        options["gate_h0"] = args.gate
+    return options
+
+
 def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from gateway.config import ConfigError
 
     try:
-        rows, counts = read_mixed(args.files, tier_models(args.routes), args.heldout_share)
+        rows, counts = read_mixed(args.files, tier_models(args.routes))
     except ConfigError as err:
         print("\n".join(str(i) for i in err.issues), file=sys.stderr)
         return 2
@@ -65,15 +75,13 @@ def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
     if not rows:
         print("gateway train --from-outcomes: no rows to train on", file=sys.stderr)
         return 2
-    splits = Counter(r.split for r in rows)
     sources = Counter(r.source for r in rows)
-    print(f"rows {len(rows)}: train {splits['train']}, held out {splits['heldout']}; by source: "
+    print(f"fitting on all {len(rows)} rows (measure on held-out data with bench/routing_outcomes.py); by source: "
           + ", ".join(f"{name} {n}" for name, n in sources.most_common()))
     from gateway.training.outcomes import train_router
 
     try:
-        metrics = train_router(rows, args.out, l2=args.l2, cache_dir=args.embed_cache,
-                               difficulty_dir=args.difficulty, paths=args.files, threads=args.threads)
+        metrics = train_router(rows, args.out, **router_options(args))
     except (OSError, ValueError) as err:
         print(f"gateway train --from-outcomes: {err}", file=sys.stderr)
         return 2

@@ -194,11 +194,11 @@ WAYS_IN = """every way in:
                                 (these options)
   --from-shadow PAIRS.jsonl...  the gateway's own shadow pairs (`gateway serve --shadow-pairs`): a difficulty
                                 head labeled by the answers' agreement or the judge's grade
-                                (`gateway train --from-shadow --help`)
+                                (`gateway train --from-shadow PAIRS.jsonl --help`)
   --from-outcomes FILE...       measured outcomes (prompt + per-model scores in [0, 1], optional cost, as in
                                 ../shared/outcomes/), shadow pairs, and /v1/feedback (the request log's
                                 `feedback` lines), in any mix: the quality router that quality_floor routes on
-                                (`gateway train --from-outcomes --help`)"""
+                                (`gateway train --from-outcomes FILE --help`)"""
 
 
 def _parser() -> argparse.ArgumentParser:
