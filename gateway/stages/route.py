@@ -85,10 +85,12 @@ def _auto_tier(ctx: RequestContext) -> str:
 
 
 def _quality_tier(ctx: RequestContext, floor: float) -> str | None:
-    """The cheapest tier the tenant may use within `floor` of the best predicted quality (None: no such tier)."""
+    """The cheapest tier the tenant may use, and whose context fits max_tokens, within `floor` of the best predicted
+    quality (None: no such tier)."""
     tenant = ctx.tenant
     assert tenant is not None and ctx.quality is not None
-    usable = [t for t in ctx.config.routes.tiers if tenant.allows(t.name)]
+    usable = [t for t in ctx.config.routes.tiers if tenant.allows(t.name)
+              and (ctx.max_tokens is None or ctx.max_tokens <= t.context_window)]
     completion = ctx.max_tokens if ctx.max_tokens is not None else tenant.max_tokens.default
     options = tier_options(ctx.quality, usable, prompt_tokens=estimate_tokens(len(ctx.prompt_text())),
                            completion_tokens=completion, day=utc_day(ctx.ts))

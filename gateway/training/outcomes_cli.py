@@ -1,5 +1,5 @@
-"""`gateway train --from-outcomes FILE... [--out models/router]`: fit the quality router (models/router's kind) on measured
-outcomes: the public JSONL shape of ../shared/outcomes/ (prompt, per-model scores in [0, 1], optional cost),
+"""`gateway train --from-outcomes FILE... [--out models/router]`: fit the quality router (models/router's kind)
+on measured outcomes: the public JSONL shape of ../shared/outcomes/ (prompt, per-model scores in [0, 1], optional cost),
 the gateway's own shadow pairs (`--shadow-pairs` of `gateway serve`) and its `/v1/feedback` (the `feedback`
 lines of the request log), in any mix (gateway.training.traffic_outcomes tells the lines apart).
 

@@ -109,8 +109,8 @@ async def test_the_shipped_router_and_local_policy_route_the_readme_prompts(star
 
     root = Path(__file__).resolve().parents[2]
     floor = yaml.safe_load((root / "policies" / "local.yaml").read_text())["quality_floor"]
-    models = {t["name"]: t["quality_model"] for t in yaml.safe_load((root / "routes" / "local.yaml").read_text())["tiers"]
-              if t.get("quality_model")}
+    local_tiers = yaml.safe_load((root / "routes" / "local.yaml").read_text())["tiers"]
+    models = {t["name"]: t["quality_model"] for t in local_tiers if t.get("quality_model")}
     url = f"{(await start_emulator()).url}/v1"
     tiers = [tier("small", [url], input_per_mtok=0.078, output_per_mtok=0.214, quality_model=models["small-q4"]),
              tier("large", [url], input_per_mtok=0.089, output_per_mtok=0.283, quality_model=models["large-f16"])]

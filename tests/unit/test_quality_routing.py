@@ -126,6 +126,18 @@ async def test_an_explicit_tier_and_disallowed_tiers_are_respected() -> None:
     assert ctx.tier.name == "medium" and [o.tier for o in ctx.quality_choice.options] == ["small", "medium"]
 
 
+async def test_a_tier_too_small_for_max_tokens_is_not_a_choice() -> None:
+    cfg = config()
+    tiers = [t.model_copy(update={"context_window": 100}) if t.name == "small" else t for t in cfg.routes.tiers]
+    cfg = GatewayConfig.build(cfg.routes.model_copy(update={"tiers": tuple(tiers)}), cfg.policy)
+    body = {"model": "auto", "max_tokens": 500, "messages": [{"role": "user", "content": "easy"}]}
+    ctx = await parsed_context(cfg, body)
+    await PolicyStage()(ctx)
+    await ClassifyStage(None, TableQualityPredictor(PREDICTIONS))(ctx)
+    await RouteStage(ReplicaPool())(ctx)
+    assert ctx.tier.name == "medium" and [o.tier for o in ctx.quality_choice.options] == ["medium", "large"]
+
+
 async def test_a_predictor_without_the_tiers_models_leaves_the_default_tier() -> None:
     ctx = await route(config(), "x", TableQualityPredictor({}, default={"unrelated": 0.5}))
     assert ctx.tier.name == "small" and "no tier the tenant may use has a quality prediction" in ctx.route_reason
