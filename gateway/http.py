@@ -21,15 +21,17 @@ from gateway.errors import (
 from gateway.experiments.feedback import submit_feedback
 from gateway.openapi import openapi_spec
 from gateway.protocols import WIRES
+from gateway.protocols.anthropic_count import count_input_tokens
 from gateway.protocols.base import Wire, render
 from gateway.server import LIFECYCLE
 from gateway.stages.policy import resolve_tenant
 from gateway.state import GATEWAY, Gateway
 from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
 
+COUNT_TOKENS = "/v1/messages/count_tokens"  # Anthropic's, in its error shape like /v1/messages
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 POST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings",
-              "/v1/feedback")
+              "/v1/feedback", COUNT_TOKENS)
 
 log = structlog.get_logger("gateway.http")
 _ID_PREFIX = os.urandom(6).hex()  # per process: ids stay unique across gateway replicas
@@ -48,6 +50,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/feedback", feedback)
     for path, wire in WIRES.items():
         app.router.add_post(path, _translated(wire))
+    app.router.add_post(COUNT_TOKENS, count_message_tokens)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -69,6 +72,19 @@ def _translated(wire: Wire) -> Callable[[web.Request], Awaitable[web.StreamRespo
         return await serve(request, "chat", wire)
 
     return handler
+
+
+async def count_message_tokens(request: web.Request) -> web.Response:
+    """POST /v1/messages/count_tokens (Anthropic): {"input_tokens": N}; errors in Anthropic's shape."""
+    gateway = request.app[GATEWAY]
+    wire = WIRES["/v1/messages"]  # the same key header, body checks and error shape
+    key = _bearer(request) or (request.headers.get(wire.key_header) if wire.key_header else None)
+    try:
+        raw = await read_body(request, gateway.config.policy.max_body_bytes, gateway.client_limits.body_timeout_s)
+        body = count_input_tokens(gateway.config, key, raw, gateway.accountant.input_tokens)
+    except GatewayError as err:
+        return web.Response(body=wire.error_body(err), status=err.status, content_type=JSON, headers=err.headers())
+    return web.Response(body=body, content_type=JSON)
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -249,6 +265,6 @@ async def not_found(request: web.Request) -> web.Response:
         err = MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use POST")
     else:
         err = NotFound(f"no route for {request.method} {request.path}")
-    wire = WIRES.get(request.path)
+    wire = WIRES.get("/v1/messages" if request.path == COUNT_TOKENS else request.path)
     body = error_body(err) if wire is None else wire.error_body(err)
     return web.Response(body=body, status=err.status, content_type=JSON)

@@ -163,7 +163,10 @@ def _translated(models: list[str], embedders: dict[str, int], bearer: list[Schem
     anthropic: list[Schema] = [{"anthropicKey": []}, *bearer]
     paths = {"/v1/responses": {"post": _post("OpenAI Responses (stateless), via chat completions", responses, bearer)},
              "/v1/messages": {"post": _post("Anthropic Messages, via chat completions", messages, anthropic,
-                                            "AnthropicError")}}
+                                            "AnthropicError")},
+             "/v1/messages/count_tokens": {"post": _post(
+                 "Anthropic token count: {\"input_tokens\": N}, by the tier's tokenizer and chat template",
+                 {**messages, "required": ["model", "messages"]}, anthropic, "AnthropicError", stream=False)}}
     if embedders:
         paths["/v1/embeddings"] = {"post": _post("embeddings of an embedding tier (in process or its replicas); "
                                                  "`dimensions`: the tier's own only", embeddings, bearer, stream=False)}

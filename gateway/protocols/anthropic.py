@@ -3,7 +3,11 @@
 Accepted: `model`, `max_tokens` (required), `system` (a string or text blocks), `messages` (user and
 assistant turns, text content blocks), `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream`,
 `metadata.user_id`; the key in `x-api-key` or `Authorization: Bearer`. Tools and images are refused
-with a 400 naming the field. Errors are Anthropic's: {"type": "error", "error": {"type", "message"}}.
+with a 400 naming the field. Errors are Anthropic's: {"type": "error", "error": {"type", "message"}}
+(an unknown model: 404 not_found_error). An answer that ended at one of `stop_sequences` says
+stop_reason "stop_sequence" and the sequence when the backend tells which one matched (vLLM, SGLang).
+
+POST /v1/messages/count_tokens: gateway.protocols.anthropic_count.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ TEXT = frozenset({"text"})
 CHAT_FIELDS = {"model": "model", "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
                "top_k": "top_k", "stream": "stream"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
-ERROR_TYPES = {413: "request_too_large", 502: "api_error", 504: "api_error", 503: "overloaded_error"}
+ERROR_TYPES = {404: "not_found_error", 413: "request_too_large", 502: "api_error", 504: "api_error",
+               503: "overloaded_error"}
 RENAMED = {"stop": "stop_sequences"}
 TEXT_DELTA = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
               b'"delta":{"type":"text_delta","text":')
@@ -58,7 +63,7 @@ class AnthropicWire:
 
     def render(self, ctx: RequestContext, answer: ChatAnswer) -> bytes:
         message = _message(ctx, answer.model, [{"type": "text", "text": answer.text}])
-        message["stop_reason"] = STOP_REASONS.get(answer.finish_reason or "stop", "end_turn")
+        message["stop_reason"], message["stop_sequence"] = stop_of(answer)
         message["usage"] = {"input_tokens": answer.prompt_tokens, "output_tokens": answer.completion_tokens}
         return orjson.dumps(message)
 
@@ -71,6 +76,14 @@ class AnthropicWire:
         if err.param in RENAMED:
             message = message.replace(f"'{err.param}'", f"'{RENAMED[err.param]}'")
         return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+def stop_of(answer: ChatAnswer) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): "stop_sequence" with the sequence when the backend said which one ended the
+    answer, else the chat finish reason's counterpart."""
+    if answer.stop_sequence is not None and answer.finish_reason in (None, "stop"):
+        return "stop_sequence", answer.stop_sequence
+    return STOP_REASONS.get(answer.finish_reason or "stop", "end_turn"), None
 
 
 def _messages(turns: Any) -> list[dict[str, Any]]:
@@ -107,11 +120,11 @@ class MessageEvents:
         return TEXT_DELTA + orjson.dumps(delta) + b"}}\n\n"
 
     def end(self, answer: ChatAnswer) -> bytes:
-        reason = STOP_REASONS.get(answer.finish_reason or "stop", "end_turn")
+        reason, sequence = stop_of(answer)
         usage = {"input_tokens": answer.prompt_tokens, "output_tokens": answer.completion_tokens}
         return (sse("content_block_stop", {"type": "content_block_stop", "index": 0})
                 + sse("message_delta", {"type": "message_delta", "usage": usage,
-                                        "delta": {"stop_reason": reason, "stop_sequence": None}})
+                                        "delta": {"stop_reason": reason, "stop_sequence": sequence}})
                 + sse("message_stop", {"type": "message_stop"}))
 
     def fail(self, message: str, code: str) -> bytes:

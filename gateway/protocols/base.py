@@ -30,6 +30,7 @@ class ChatAnswer:
     model: str
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the stop sequence the backend says it stopped at (`matched_stop`)
 
 
 class Events(Protocol):
@@ -62,9 +63,11 @@ def render(wire: Wire, ctx: RequestContext, reply: Reply, count_tokens: Callable
         return StreamReply(TranslatedStream(reply.source, wire.events(ctx)), reply.headers)
     count_tokens(ctx)  # the backend's usage, else counted: what accounting logs
     chat = orjson.loads(reply.body)
-    message = chat["choices"][0].get("message") or {}
+    choice = chat["choices"][0]
+    message = choice.get("message") or {}
     answer = ChatAnswer(message.get("content") or "", ctx.finish_reason, str(chat.get("model", "")),
-                        ctx.prompt_tokens or 0, ctx.completion_tokens or 0)
+                        ctx.prompt_tokens or 0, ctx.completion_tokens or 0,
+                        matched_stop(choice) if ctx.finish_reason == "stop" else None)
     return JsonReply(reply.status, wire.render(ctx, answer), reply.headers)
 
 
@@ -110,6 +113,7 @@ class TranslatedStream:
             choice = choices[0]  # n is 1: the protocols have no choices
             if reason := choice.get("finish_reason"):
                 answer.finish_reason = reason
+                answer.stop_sequence = matched_stop(choice) if reason == "stop" else None
             delta = choice.get("delta")
             if delta and (text := delta.get("content")):
                 self._pieces.append(text)
@@ -119,6 +123,16 @@ class TranslatedStream:
         if usage := chunk.get("usage"):
             answer.prompt_tokens, answer.completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
         return out
+
+
+def matched_stop(choice: dict[str, Any]) -> str | None:
+    """The stop sequence a backend says the answer ended at: vLLM's `stop_reason` (a string; a token id when a stop
+    token ended it), SGLang's `matched_stop`. None when it does not say (llama.cpp, an end-of-sequence token)."""
+    for key in ("stop_reason", "matched_stop"):
+        value = choice.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.accounting.log import log_request
 from gateway.clock import iso_ms, utc_day
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, Tier
 from gateway.context import RequestContext
 from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
@@ -86,6 +86,10 @@ class Accountant:
         good = meets_slo(ctx, ttft_s)
         self._metrics.live.record(ctx, ttft_s, tpot_s, baseline - cost, good)
         self._metrics.outcomes.observe(ctx, good, baseline - cost)
+
+    def input_tokens(self, tier: Tier, body: dict[str, Any]) -> int:
+        """A chat body's prompt tokens as `tier`'s backend counts them (POST /v1/messages/count_tokens)."""
+        return self._counters.for_spec(tier.tokenizer).count_prompt("chat", body)
 
     def count_tokens(self, ctx: RequestContext) -> None:
         """Fill in counts the backend did not report: output chunks (streams) or a tokenizer. Once: the

@@ -26,7 +26,7 @@ NUMBER_RANGES: dict[str, tuple[float, float]] = {
 
 class ParseStage:
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        body = _decode(ctx.raw_body)
+        body = decode_body(ctx.raw_body)
         if ctx.wire is not None:  # Responses, Anthropic Messages: their fields checked, as a chat body
             body = ctx.wire.to_chat(body)
         model = body.get("model")
@@ -47,7 +47,8 @@ class ParseStage:
         return None
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying why not."""
     if not raw:
         raise InvalidRequest("the request body is empty; send a JSON object")
     try:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.stats import estimate_tokens
 from gateway.clock import utc_day
+from gateway.config import GatewayConfig, TenantPolicy, Tier
 from gateway.context import RequestContext
 from gateway.detour import detour
 from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
@@ -27,14 +28,7 @@ class RouteStage:
         config = ctx.config
         model = ctx.model_requested
         chosen = _auto_tier(ctx) if model == AUTO_MODEL else model or ""
-        tier = config.tiers.get(ctx.tenant.map_tier(chosen) if ctx.tenant is not None else chosen)
-        if tier is None:
-            names = ", ".join([AUTO_MODEL, *config.tiers])
-            raise UnknownModel(f"the model {model!r} does not exist; use one of: {names}", param="model")
-        if ctx.tenant is not None and not ctx.tenant.allows(tier.name):
-            allowed = ", ".join(sorted(ctx.tenant.allowed_tiers or ()))
-            raise PermissionDenied(f"tenant {ctx.tenant.name!r} may not use tier {tier.name!r} (allowed: {allowed})",
-                                   param="model", code="tier_not_allowed")
+        tier = served_tier(config, ctx.tenant, chosen, model)
         if ctx.max_tokens is not None and ctx.max_tokens > tier.context_window:
             raise InvalidRequest(
                 f"'max_tokens' of {ctx.max_tokens} exceeds the context window of tier "
@@ -56,6 +50,20 @@ class RouteStage:
         if self._shadow is not None:
             self._shadow(ctx)
         return None
+
+
+def served_tier(config: GatewayConfig, tenant: TenantPolicy | None, chosen: str, model: str | None) -> Tier:
+    """The tier serving a request for `chosen` (a tier name, or what 'auto' chose) after the tenant's tier map:
+    404 naming the model asked for when there is none, 403 when the tenant may not use it."""
+    tier = config.tiers.get(tenant.map_tier(chosen) if tenant is not None else chosen)
+    if tier is None:
+        names = ", ".join([AUTO_MODEL, *config.tiers])
+        raise UnknownModel(f"the model {model!r} does not exist; use one of: {names}", param="model")
+    if tenant is not None and not tenant.allows(tier.name):
+        allowed = ", ".join(sorted(tenant.allowed_tiers or ()))
+        raise PermissionDenied(f"tenant {tenant.name!r} may not use tier {tier.name!r} (allowed: {allowed})",
+                               param="model", code="tier_not_allowed")
+    return tier
 
 
 def _auto_tier(ctx: RequestContext) -> str:
