@@ -92,3 +92,18 @@ async def test_a_new_floor_is_hot_reloaded_and_a_bad_one_keeps_the_last_good(tmp
     policy.write_text(POLICY % ("2", KEY, "a" * 64, "b" * 64))
     assert not await reloader.reload() and len(served) == 2
     assert reloader.state.last_error[0].field == "quality_floor"
+
+
+def test_an_arms_floor_is_promoted_into_the_policy() -> None:
+    from gateway.experiments.promote import promote
+
+    text = POLICY % ("0.02", KEY, "a" * 64, "b" * 64) + """experiments:
+  - name: looser
+    arms:
+      - {name: control, share: 0.4, control: true}
+      - {name: loose, share: 0.4, quality_floor: 0.1}
+      - {name: bands, share: 0.2, quality_floor: false}
+"""
+    promoted = promote(text, "looser", "loose")
+    assert "quality_floor: 0.1\n" in promoted.text and "experiments" not in promoted.text
+    assert "quality_floor: false" in promote(text, "looser", "bands").text
