@@ -146,9 +146,12 @@ def sweep(options: Sequence[Sequence[TierOption]], floors: Sequence[float]) -> l
 
 async def predict_all(predictor: QualityPredictor, texts: Sequence[str], batch: int = SCORE_BATCH
                       ) -> list[dict[str, float]]:
+    """Predictions for `texts`, `batch` at a time (in one call where the predictor takes many)."""
+    many = getattr(predictor, "predict_many", None)
     out: list[dict[str, float]] = []
     for start in range(0, len(texts), batch):
-        out += await asyncio.gather(*(predictor.predict(t) for t in texts[start:start + batch]))
+        part = texts[start:start + batch]
+        out += await many(part) if many is not None else await asyncio.gather(*(predictor.predict(t) for t in part))
     return out
 
 
