@@ -79,10 +79,9 @@ class Malformed(Exception):
 def parse_line(line: bytes) -> Record | Skip:
     """The record a line holds, or why it holds none (malformed, other event or blank)."""
     if line[:1] != b"{":  # log lines start with `{`: this test first, for the million lines that do
-        stripped = line.strip()
-        if not stripped:
+        if not line.strip():
             return Skip.BLANK
-        if stripped[:1] != b"{":
+        if console_text(line):
             return Skip.TEXT
     try:
         obj = orjson.loads(line)
@@ -96,6 +95,12 @@ def parse_line(line: bytes) -> Record | Skip:
         return _record(obj, line)
     except Malformed as exc:
         return exc.reason
+
+
+def console_text(line: bytes) -> bool:
+    """A line that is no JSON object at all (a banner, a traceback: console output captured with the log)."""
+    stripped = line.strip()
+    return bool(stripped) and stripped[:1] != b"{"
 
 
 def explain(line: bytes) -> str:

@@ -79,7 +79,8 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
     else:
         print(table(rows, collected), file=out)
     print(f"Lines read: {collected.stats.lines:,} in {collected.stats.files} file(s); request lines in an "
-          f"experiment: {collected.stats.records:,}; malformed: {collected.malformed:,}; feedback/shadow lines "
+          f"experiment: {collected.stats.records:,}; malformed: {collected.malformed:,}; console text skipped: "
+          f"{collected.text:,}; feedback/shadow lines "
           f"not matched to an arm: {collected.unmatched_feedback:,}", file=out)
     for error in collected.stats.file_errors:
         print(f"Unreadable: {error}", file=out)

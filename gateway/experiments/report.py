@@ -38,6 +38,7 @@ import numpy.typing as npt
 import orjson
 
 from gateway.accounting.reader import ReadStats, read_lines
+from gateway.accounting.records import console_text
 
 Better = Literal["lower", "higher"]
 Floats = npt.NDArray[np.float64]
@@ -103,6 +104,7 @@ class Collected:
     arms: dict[str, dict[str, ArmData]] = field(default_factory=dict)
     stats: ReadStats = field(default_factory=ReadStats)
     malformed: int = 0
+    text: int = 0  # console text among the lines (a banner captured with the log): skipped, not malformed
     unmatched_feedback: int = 0  # feedback or shadow lines whose request is not in an experiment in these logs
 
     def arm(self, experiment: str, arm: str) -> ArmData:
@@ -139,7 +141,10 @@ def collect(paths: Iterable[Path], slo_ms: float | None = None, tenant: str | No
             try:
                 obj = orjson.loads(line)
             except orjson.JSONDecodeError:
-                out.malformed += line.strip() != b""
+                if console_text(line):
+                    out.text += 1
+                else:
+                    out.malformed += line.strip() != b""
                 continue
             if type(obj) is not dict or (tenant is not None and obj.get("tenant") != tenant):
                 continue

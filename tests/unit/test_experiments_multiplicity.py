@@ -4,8 +4,10 @@ the family-wise error at 5 % per experiment), real effects are still found, smal
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
+import orjson
 
 from gateway.experiments.render import table
 from gateway.experiments.report import ArmData, Collected, analyze, holm, Row
@@ -86,3 +88,18 @@ def test_the_table_says_the_correction_and_warns_on_small_samples() -> None:
     small = [row for row in rows if row.small_n]
     assert {row.metric for row in small} == {"ttft_p99", "tpot_p99", "e2e_p99"}  # 40 values: fine for means and p50
     assert "Warning: small samples (ttft_p99 raise-cut" in text and "(small n)" in text
+
+
+def test_console_text_in_the_log_is_skipped_not_malformed(tmp_path: Path) -> None:
+    """`make run > out.txt 2>&1` puts the banner among the request lines: the report says it skipped it."""
+    from gateway.experiments.report import collect
+    from gateway.local.up import EXAMPLE
+
+    banner = EXAMPLE.format(host="127.0.0.1", port=8080, models="auto", log="stdout", dashboard="-")
+    line = orjson.dumps({"event": "request", "request_id": "r1", "status": 200, "ttft_ms": 10.0, "cost_usd": 0.001,
+                         "experiment": "e", "arm": "control", "arm_control": True})
+    log = tmp_path / "out.txt"
+    log.write_bytes(banner.encode() + line + b"\n" + b'{"event": "request", "broken\n')
+    collected = collect([log])
+    assert collected.stats.records == 1 and collected.malformed == 1
+    assert collected.text == sum(1 for row in banner.splitlines() if row.strip())
