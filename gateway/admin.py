@@ -54,7 +54,8 @@ async def admin_config(request: web.Request) -> web.Response:
 
 
 async def admin_explain(request: web.Request) -> web.Response:
-    """Body: {"tenant": NAME, "request": {an OpenAI chat body}, "endpoint": "chat"|"completions"}."""
+    """Body: {"tenant": NAME, "request": {an OpenAI chat body}, "endpoint": "chat"|"completions",
+    "session_id": the conversation's x-session-id (optional)}."""
     gateway = request.app[GATEWAY]
     try:
         _check_admin(request, gateway)
@@ -70,8 +71,11 @@ async def admin_explain(request: web.Request) -> web.Response:
         if not isinstance(body, dict):
             raise InvalidRequest("'request' must be an OpenAI request body", param="request")
         endpoint: Endpoint = "completions" if payload.get("endpoint") == "completions" else "chat"
+        session_id = payload.get("session_id")  # the conversation's x-session-id, to see what its session holds
         report = await explain(gateway.config, payload["tenant"], body, endpoint=endpoint, scorer=gateway.scorer,
-                               pool=gateway.pool, responses=gateway.responses, predictor=gateway.predictor)
+                               pool=gateway.pool, responses=gateway.responses, sessions=gateway.sessions,
+                               session_header=session_id if isinstance(session_id, str) else None,
+                               predictor=gateway.predictor)
     except GatewayError as err:
         return _error(err)
     return web.Response(body=orjson.dumps(report), content_type=JSON)

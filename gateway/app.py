@@ -37,6 +37,7 @@ from gateway.limits.limiter import Limiter
 from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
+from gateway.sessions import SessionStore
 from gateway.stages.account import Accountant
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.affinity import AffinityStage
@@ -47,6 +48,7 @@ from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
 from gateway.stages.route import RouteStage
+from gateway.stages.session import SessionStage
 from gateway.state import GATEWAY, Gateway
 from gateway.tokens import TokenCounters
 from gateway.types import DifficultyScorer, QualityPredictor
@@ -132,11 +134,12 @@ def _request_path(gateway: Gateway, upstream: UpstreamClient, redis_url: str | N
     admission = AdmissionStage(pool, metrics, affinity)
     proxy = ProxyStage(upstream, pool, watchdog, metrics, count_tokens)
     record_owner, shadow_tap = _experiments(gateway, admission, proxy, shadow_pairs)
+    gateway.sessions = SessionStage(SessionStore(gateway.redis), pool)  # in process only without Redis
     path = RequestPath(
         parse=ParseStage(),
         policy=PolicyStage(_limiter(gateway, writes), record_owner),
         classify=ClassifyStage(scorer, gateway.predictor),
-        route=RouteStage(pool, shadow_tap),
+        route=RouteStage(pool, shadow_tap, gateway.sessions),
         cache=CacheStage(gateway.responses, semantic),
         affinity=affinity,
         admission=admission,

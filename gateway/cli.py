@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -128,6 +128,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="the model asked for: auto, or a tier name (default: %(default)s)")
     explain.add_argument("--max-tokens", type=int, help="the request's max_tokens (default: none, the policy's)")
     explain.add_argument("--json", action="store_true", help="print the report as JSON (default: one fact a line)")
+    explain.add_argument("--session-id", help="the conversation's x-session-id, to show what its session holds "
+                         "(default: none, the session of the prompt alone)")
+    explain.add_argument("--redis", metavar="URL",
+                         help="the gateway's Redis, where sessions are kept (default: none, sessions not looked up)")
     explain.set_defaults(handler=_route_explain)
     score = route.add_parser(
         "score", help="predict each tier's answer quality for a JSONL of prompts, and the gain",
@@ -356,13 +360,32 @@ def _emulate(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _explained(config: GatewayConfig, args: argparse.Namespace, body: dict[str, Any], scorer: Any,
+                     predictor: Any) -> dict[str, Any]:
+    """The explain report, with the session `--session-id` names looked up in `--redis` when given."""
+    from gateway.backends.pool import ReplicaPool
+    from gateway.cache.connection import connect
+    from gateway.cache.guard import RedisGuard
+    from gateway.explain import explain
+    from gateway.sessions import SessionStore
+    from gateway.stages.session import SessionStage
+
+    guard = RedisGuard(connect(args.redis), op_timeout_s=2.0) if args.redis else None
+    try:
+        sessions = SessionStage(SessionStore(guard), ReplicaPool()) if guard is not None else None
+        return await explain(config, args.tenant, body, scorer=scorer, predictor=predictor, sessions=sessions,
+                             session_header=args.session_id)
+    finally:
+        if guard is not None:
+            await guard.client.aclose()
+
+
 def _route_explain(args: argparse.Namespace) -> int:
     import asyncio
 
     import orjson
 
     from gateway.errors import GatewayError
-    from gateway.explain import explain
     from gateway.explain_text import lines
     from gateway.route_tools import serving_predictor
 
@@ -375,7 +398,7 @@ def _route_explain(args: argparse.Namespace) -> int:
     scorer = _scorer(config)
     predictor = serving_predictor(config, scorer)
     try:
-        report = asyncio.run(explain(config, args.tenant, body, scorer=scorer, predictor=predictor))
+        report = asyncio.run(_explained(config, args, body, scorer, predictor))
     except GatewayError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from gateway.stages.classify import ClassifyStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import apply_limits
 from gateway.stages.route import RouteStage
+from gateway.stages.session import SessionStage
 from gateway.types import DifficultyScorer, Endpoint, QualityPredictor
 
 
@@ -36,7 +37,8 @@ def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
 async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any], *, endpoint: Endpoint = "chat",
                   scorer: DifficultyScorer | None = None, pool: ReplicaPool | None = None,
                   responses: ResponseCache | None = None,
-                  predictor: QualityPredictor | None = None) -> dict[str, Any]:
+                  predictor: QualityPredictor | None = None, sessions: SessionStage | None = None,
+                  session_header: str | None = None) -> dict[str, Any]:
     """The decision path for `body` sent by tenant `tenant_name`, as a JSON-ready dict."""
     tenant = find_tenant(config, tenant_name)
     pool = pool or ReplicaPool()
@@ -59,6 +61,7 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
     report["quality"] = _quality(ctx, tenant, predictor)
     report["route_reason"] = ctx.route_reason
     report["tier"] = ctx.tier.name
+    report["session"] = await (sessions or SessionStage(None, pool)).explain(ctx, session_header)
     report["candidates"] = [_candidate(pool, ctx, r) for r in ctx.candidates]
     report["cache"] = await _cache(ctx, tenant, responses)
     report["decision"] = {"status": 200, "tier": ctx.tier.name, "replica": ctx.candidates[0].name}

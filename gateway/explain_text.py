@@ -23,6 +23,8 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         out.append(_line("why this tier", report["route_reason"]))
     if "tier" in report:
         out.append(_line("tier", report["tier"]))
+    if (session := report.get("session")) is not None:
+        out.append(_line("session", f"{_none(session['holds'], 'no tier yet')}: {session['effect']}"))
     out += [_line(f"candidate {i + 1}", _candidate(c)) for i, c in enumerate(report.get("candidates") or ())]
     if (cache := report.get("cache")) is not None:
         out += _cache(cache)

@@ -17,6 +17,7 @@ from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
 from gateway.stages.account import Accountant
+from gateway.stages.session import SessionStage
 from gateway.types import DifficultyScorer, QualityPredictor
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
@@ -45,6 +46,7 @@ class Gateway:
     owners: RequestOwners | None = None  # request id -> tenant and arm, for POST /v1/feedback
     feedback: FeedbackStore | None = None  # accepted feedback in Redis (None: logged only)
     shadow: ShadowSender | None = None  # shadow comparisons' queue and workers
+    sessions: SessionStage | None = None  # sticky-tier sessions (route stage; admin explain peeks)
 
     def serve(self, config: GatewayConfig) -> None:
         """Swap in a new config version: requests that start from now on use it; the replicas' and the

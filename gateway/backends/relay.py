@@ -5,6 +5,8 @@ chunk the backend left out (llama.cpp's server sends no usage, and now and then 
 then `[DONE]`. A stream that handed `[DONE]` to the client is complete (200, ok) whatever the socket
 does next: clients close it as soon as they read `[DONE]`. A stream the client left is settled with
 what was read from the backend, forwarded or not: those tokens were generated and are priced.
+A stream that breaks off (reset, EOF before [DONE], idle) goes on from its `Resumer`'s continuation when
+it gives one (issue 32: gateway.backends.resume); otherwise it ends with an error event saying why not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import orjson
 
 from gateway.backends.h1 import ClientFailure, Response
 from gateway.backends.idle import IdleWatchdog
+from gateway.backends.resume import Continuation, Resumer
 from gateway.sse import SseScanner, StreamTally
 
 
@@ -64,6 +67,7 @@ class SseRelay:
         *,
         max_tokens: int | None,
         wants_usage: bool,
+        resumer: Resumer | None = None,
     ) -> None:
         self._response = response
         self._scanner = scanner
@@ -71,6 +75,7 @@ class SseRelay:
         self._sink = sink
         self._max_tokens = max_tokens
         self._wants_usage = wants_usage
+        self._resumer = resumer
         self._closed = False
         self._idle = False
         self._failed = False
@@ -84,27 +89,47 @@ class SseRelay:
         watchdog.watch(self)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        scanner, data = self._scanner, self._first
-        try:
-            while data:
-                out = scanner.feed(data)
-                if scanner.tally.done or scanner.tally.capped:
-                    yield out + self._ending()
-                    self._delivered = True  # resumed: the edge wrote it
-                    if scanner.tally.done:
-                        await self._read_to_end()
-                    return  # capped: `close` cancels the upstream
-                if out:
-                    yield out
-                data = await self._response.readany()
-                self.last_read = time.monotonic()
-        except (ClientFailure, TimeoutError) as err:
-            if self._idle:
-                yield self._fail(f"the backend sent nothing for {self.idle_s:g} s", "upstream_idle_timeout")
-            else:
-                yield self._fail(f"the backend stream broke off: {type(err).__name__}", "upstream_stream_broken")
-            return
-        yield self._fail("the backend stream ended before [DONE]", "upstream_stream_truncated")
+        data = self._first
+        while True:  # once per part: more than one only when a broken stream was resumed
+            scanner = self._scanner
+            try:
+                while data:
+                    out = scanner.feed(data)
+                    if scanner.tally.done or scanner.tally.capped:
+                        yield out + self._ending()
+                        self._delivered = True  # resumed: the edge wrote it
+                        if scanner.tally.done:
+                            await self._read_to_end()
+                        return  # capped: `close` cancels the upstream
+                    if out:
+                        yield out
+                    data = await self._response.readany()
+                    self.last_read = time.monotonic()
+                message, code = "the backend stream ended before [DONE]", "upstream_stream_truncated"
+            except (ClientFailure, TimeoutError) as err:
+                if self._idle:
+                    message, code = f"the backend sent nothing for {self.idle_s:g} s", "upstream_idle_timeout"
+                else:
+                    message, code = f"the backend stream broke off: {type(err).__name__}", "upstream_stream_broken"
+            nxt = await self._resumer.resume(scanner, code) if self._resumer is not None else ""
+            if nxt is None:  # every token asked for was sent: only the stream's end was lost
+                yield self._ending()
+                self._delivered = True
+                return
+            if isinstance(nxt, str):
+                yield self._fail(f"{message}; not resumed: {nxt}" if nxt else message, code)
+                return
+            data = self._switch(nxt)
+
+    def _switch(self, part: Continuation) -> bytes:
+        """Go on from a resumed stream's next part (the broken upstream dropped); its first bytes."""
+        self._response.close()
+        self._response, self._scanner, self._sink = part.response, part.scanner, part.sink
+        part.response.read_timeout = None  # the watchdog keeps the idle timeout
+        self._idle = False
+        self.last_read = time.monotonic()
+        self._watchdog.watch(self)  # again: a sweep that found the stream idle stopped watching it
+        return part.first
 
     def abort_idle(self) -> None:
         """Called by the watchdog: the backend went quiet for too long; the read loop then fails."""

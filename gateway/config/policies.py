@@ -177,6 +177,19 @@ class Experiment(Frozen):
         return not any(arm.control for arm in self.arms) or sum(arm.share for arm in self.arms) >= 1.0 - 1e-9
 
 
+class Resume(Frozen):
+    """A stream that breaks after its first byte continues on another replica, from the text sent (issue 32)."""
+
+    enabled: bool = True
+    max_attempts: int = Field(default=2, ge=1, le=16, description="continuations tried per request")
+
+
+class Sessions(Frozen):
+    """Sticky tiers for model 'auto': a conversation keeps the tier its turns were routed to, moving only up."""
+
+    ttl_s: int = Field(default=1800, ge=1, le=30 * 86400, description="a session ends this long after its last turn")
+
+
 class Shadow(Frozen):
     """Resend a share of the requests answered by tier `from` to tier `to` in the background (batch priority,
     not counted against the tenant's limits, skipped under admission pressure) and score the answers' agreement."""
@@ -239,6 +252,8 @@ class Limits(Frozen):
         default=None, description="named experiments on the tenant's traffic; a tenant's list replaces the top level's"
     )
     shadow: Shadow | None = None
+    resume: Resume | None = Field(default=None, description="mid-stream failover by continuation (default: on, 2 tries)")
+    sessions: Sessions | None = Field(default=None, description="sticky tiers per conversation (default: off)")
 
     @field_validator("experiments")
     @classmethod

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.config.policies import (
     IMPLICIT_CONTROL, Arm, CacheRule, Experiment, Limits, MaxTokens, OutputCap, PolicyConfig, Priority, RateLimit,
-    Routing, Shadow,
+    Resume, Routing, Sessions, Shadow,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ class TenantPolicy:
     experiments: tuple[Experiment, ...] = field(default=(), hash=False)
     shadow: Shadow | None = None
     plan: ExperimentPlan | None = field(default=None, hash=False)  # compiled: gateway.experiments.assign reads it
+    resume: Resume | None = None  # None: resume on, with the defaults (issue 32)
+    sessions: Sessions | None = None  # None: no sticky tiers
 
     def allows(self, tier: str) -> bool:
         return self.allowed_tiers is None or tier in self.allowed_tiers
@@ -84,6 +86,8 @@ def _resolve(name: str, own: Limits, policy: PolicyConfig) -> TenantPolicy:
         tier_map=MappingProxyType(dict(_first(own.tier_map, policy.tier_map) or {})),
         experiments=_first(own.experiments, policy.experiments) or (),
         shadow=_first(own.shadow, policy.shadow),
+        resume=_first(own.resume, policy.resume),
+        sessions=_first(own.sessions, policy.sessions),
     )
 
 

@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig, Tier
 from gateway.context import RequestContext
 from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
+from gateway.stages.resume import priced_parts
 from gateway.tokens import TokenCounters
 
 NO_ARM: dict[str, Any] = {"experiment": None, "arm": None, "arm_control": None}  # not in an experiment (issue 22)
@@ -79,6 +80,10 @@ class Accountant:
             "baseline_cost_usd": baseline,
             "saved_usd": round(baseline - cost, 9),
             "ttft_slo_ms": ctx.tenant.ttft_slo_ms if ctx.tenant else None,
+            "resumed": bool(ctx.resumed_parts),  # a stream that broke and went on elsewhere (issue 32)
+            "parts": priced_parts(ctx, utc_day(ctx.ts)) if ctx.resumed_parts else None,
+            "session": ctx.session,  # the sticky-tier session, and what it did to this turn's tier
+            "session_route": ctx.session_route,
         }
         fields.update(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM)
         log_request(fields)
@@ -111,7 +116,8 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     if ctx.tier is None or not (ctx.upstream_started or hit):
         return 0.0, 0.0, 0.0
     tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
-    priced = ctx.tier.price_at(day).cost_usd(*tokens)
+    priced = (sum(part["cost_usd"] for part in priced_parts(ctx, day)) if ctx.resumed_parts
+              else ctx.tier.price_at(day).cost_usd(*tokens))  # a resumed answer: each part on its own tier
     base = ctx.config.baseline
     baseline = priced if base is ctx.tier else base.price_at(day).cost_usd(*tokens)
     return (0.0, priced, baseline) if hit else (priced, 0.0, baseline)

@@ -16,12 +16,15 @@ from gateway.detour import detour
 from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 from gateway.protocols.embeddings import check_dimensions
 from gateway.quality_routing import choose, tier_options
+from gateway.stages.session import SessionStage
 from gateway.types import AUTO_MODEL, Reply
 
 
 class RouteStage:
-    def __init__(self, pool: ReplicaPool, shadow: Callable[[RequestContext], None] | None = None) -> None:
+    def __init__(self, pool: ReplicaPool, shadow: Callable[[RequestContext], None] | None = None,
+                 sessions: SessionStage | None = None) -> None:
         self._pool = pool
+        self._sessions = sessions  # a conversation keeps its tier, moving only up (issue 32)
         self._shadow = shadow  # once the tier is known: whether the answer is shadowed (gateway.experiments.serving)
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
@@ -45,6 +48,8 @@ class RouteStage:
         ctx.tier = tier
         ctx.prompt_tokens_est = estimate_tokens(len(ctx.prompt_text()))
         ctx.candidates = self._pool.rank(tier, ctx.prompt_tokens_est, config.routes.balancing)
+        if self._sessions is not None and ctx.tenant is not None and ctx.tenant.sessions is not None:
+            await self._sessions(ctx)  # a conversation keeps its tier, moving only up (issue 32)
         if not ctx.candidates and model == AUTO_MODEL:
             detour(ctx, self._pool)  # no healthy replica: the nearest healthy tier (gateway.detour)
         if self._shadow is not None:

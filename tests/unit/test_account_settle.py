@@ -31,7 +31,8 @@ KEYS = [
     "stream", "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "ttft_ms", "tpot_ms", "e2e_ms",
     "queue_ms", "predicted_ttft_ms", "brownout_from", "rerouted_from", "max_tokens", "max_tokens_clamped_from",
     "attempts", "prefix_blocks", "output_capped", "finish_reason",
-    "cache", "cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd", "ttft_slo_ms", "experiment", "arm",
+    "cache", "cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd", "ttft_slo_ms", "resumed", "parts",
+    "session", "session_route", "experiment", "arm",
     "arm_control", "event", "level",
 ]  # the order the structlog call wrote them in, which readers of the file may rely on
 FIELDS: dict[str, Any] = {

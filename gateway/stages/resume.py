@@ -1,0 +1,237 @@
+"""Resume: a stream that broke after its first byte continues on another replica (issue 32).
+
+The proxy stage hands each streamed attempt's relay a `StreamResumer` (`StreamResumes.for_request`) unless
+the tenant's policy turned resuming off. When the upstream breaks (reset, EOF before [DONE], idle past the
+read timeout), the relay asks it for a continuation: the resumer posts `continuation_body` (the original
+request, the text the client has as the start of the assistant's turn, `max_tokens` less the tokens sent)
+to the tier's other replicas in rank order, then to the replicas of the later tiers the tenant may use,
+skipping the replica that just broke, within the tenant's `resume.max_attempts` and the retry budget. The
+first that answers streams on through a `ContinuationScanner`: the client sees one stream.
+
+Never for `n > 1`, requests offering tools, completions with a non-string prompt, or tiers serving a protocol
+natively: the stream then ends with its error event, saying why it was not resumed. The context keeps each
+part (`ctx.resumed_parts`: replica, tier, tokens sent before it); accounting prices each part on its own tier
+(`part_tokens`). Metric: `gateway_stream_resumes_total{outcome}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+import orjson
+import structlog
+
+from gateway.backends.h1 import ClientFailure, Response, UpstreamClient
+from gateway.backends.pool import Lease, ReplicaPool
+from gateway.backends.relay import StreamEnd
+from gateway.backends.resume import Continuation, ContinuationScanner, continuation_body, not_resumable
+from gateway.backends.upstream import Retry, post
+from gateway.config import Replica, Tier
+from gateway.context import RequestContext
+from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.metrics import GatewayMetrics
+from gateway.promfast import Counter
+from gateway.sse import SseScanner, StreamTally
+from gateway.stages.answer import ContextSink
+
+log = structlog.get_logger("gateway.proxy")
+
+PATHS = {"chat": "/chat/completions", "completions": "/completions"}
+OUTCOMES = ("resumed", "refused", "no_replica", "failed", "limit", "budget", "whole")
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePart:
+    """One part of a resumed answer: where it streamed from, and how many tokens the client had before it."""
+
+    replica: str
+    tier: Tier
+    sent_before: int
+
+
+class StreamResumes:
+    """The app's resuming: the upstream client, the pool, the metric. Builds one resumer per streamed request."""
+
+    def __init__(self, client: UpstreamClient, pool: ReplicaPool, metrics: GatewayMetrics,
+                 count_tokens: Callable[[RequestContext], None]) -> None:
+        self.client = client
+        self.pool = pool
+        self.count_tokens = count_tokens
+        counter = Counter("gateway_stream_resumes", "Streams that broke after their first byte, by what the gateway "
+                          "did: resumed elsewhere, or why not", ("outcome",), registry=metrics.registry)
+        self.outcomes = {outcome: counter.labels(outcome) for outcome in OUTCOMES}
+
+    def for_request(self, ctx: RequestContext, held: Lease) -> StreamResumer | None:
+        """The resumer of `ctx`'s stream (its first part holds `held`), None when its tenant turned resuming off."""
+        rule = ctx.tenant.resume if ctx.tenant is not None else None
+        if rule is not None and not rule.enabled:
+            return None
+        return StreamResumer(self, ctx, held, rule.max_attempts if rule is not None else 2)
+
+
+class StreamResumer:
+    """Continues one request's broken stream (the relay's `Resumer`)."""
+
+    __slots__ = ("_app", "_ctx", "_held", "_left", "_tried")
+
+    def __init__(self, app: StreamResumes, ctx: RequestContext, held: Lease, attempts: int) -> None:
+        self._app = app
+        self._ctx = ctx
+        self._held = held  # the part streaming now
+        self._left = attempts
+        self._tried: set[str] = set()
+
+    async def resume(self, scanner: SseScanner, code: str) -> Continuation | str | None:
+        """The continuation of the stream `scanner` read, which broke with `code`; why not (str); or None when
+        the answer was whole already (all of `max_tokens` sent, only the end lost)."""
+        ctx, app = self._ctx, self._app
+        tally = scanner.tally
+        failed = self._held.replica
+        self._held.release(failed=True, completion=tally.content_chunks)  # the replica broke its stream
+        why = self._refusal(tally)
+        if why is not None:
+            return self._count("refused", why)
+        left = None if ctx.max_tokens is None else ctx.max_tokens - tally.content_chunks
+        if left is not None and left <= 0:
+            app.outcomes["whole"].inc()
+            return None
+        assert ctx.tier is not None
+        self._tried.add(failed.name)
+        body = continuation_body(ctx.endpoint, ctx.body, "".join(tally.text or ()), tally.content_chunks, left)
+        settings = ctx.config.routes.upstream
+        budget = app.pool.retries
+        for replica, tier in self._candidates(ctx.tier, ctx.prompt_tokens_est + tally.content_chunks):
+            if self._left <= 0:
+                return self._count("limit", "its attempts are used up")
+            if not budget.try_retry(ctx.config.routes.balancing.retry_budget):
+                return self._count("budget", "the retry budget is exhausted")
+            self._left -= 1
+            self._tried.add(replica.name)
+            held = Lease(app.pool, replica, tier, ctx.prompt_tokens_est + tally.content_chunks, 0,
+                         ctx.config.routes.balancing)
+            response: Response | None = None
+            try:  # until the relay takes them, this attempt owns the lease and the response (as proxy's)
+                response = await post(app.client, replica, PATHS[ctx.endpoint],
+                                      orjson.dumps({**body, "model": replica.model}), settings,
+                                      ctx.trace.headers() if ctx.trace is not None else None)
+                first = await first_bytes(response, replica)
+            except BaseException as err:
+                if response is not None:
+                    response.close()
+                held.release(failed=isinstance(err, Retry))
+                if not isinstance(err, Retry):
+                    raise
+                log.warning("resume_attempt_failed", request_id=ctx.request_id, backend=replica.name,
+                            reason=err.error.message)
+                continue
+            held.first_byte()
+            return self._switch(scanner, held, replica, tier, response, first, code)
+        return self._count("no_replica", "no other replica could take it")
+
+    def _refusal(self, tally: StreamTally) -> str | None:
+        if tally.text is None:
+            return "the text sent was not kept"
+        return not_resumable(self._ctx.endpoint, self._ctx.body)
+
+    def _candidates(self, tier: Tier, tokens: int) -> list[tuple[Replica, Tier]]:
+        """The tier's other replicas in rank order, then those of the later tiers the tenant may use."""
+        ctx = self._ctx
+        tiers = ctx.config.routes.tiers
+        later = [t for t in tiers[tiers.index(tier) + 1:] if t.endpoint == tier.endpoint
+                 and (ctx.tenant is None or ctx.tenant.allows(t.name))] if tier in tiers else []
+        balancing = ctx.config.routes.balancing
+        return [(replica, t) for t in (tier, *later) for replica in self._app.pool.rank(t, tokens, balancing)
+                if replica.name not in self._tried]
+
+    def _switch(self, scanner: SseScanner, held: Lease, replica: Replica, tier: Tier, response: Response,
+                first: bytes, code: str) -> Continuation:
+        """Hand the relay the next part, and record it in the context."""
+        ctx, tally = self._ctx, scanner.tally
+        assert ctx.replica is not None and ctx.tier is not None
+        if not ctx.resumed_parts:
+            ctx.resumed_parts.append(ResumePart(ctx.replica.name, ctx.tier, 0))
+        ctx.resumed_parts.append(ResumePart(replica.name, tier, tally.content_chunks))
+        ctx.replica = replica
+        ctx.attempts += 1
+        ctx.cache_key = None  # a resumed answer is never stored: it is two generations
+        log.info("stream_resumed", request_id=ctx.request_id, backend=replica.name, tier=tier.name, reason=code,
+                 sent=tally.content_chunks, part=len(ctx.resumed_parts))
+        self._app.outcomes["resumed"].inc()
+        self._held = held
+        sent = tuple(part.sent_before for part in ctx.resumed_parts)
+        continued = ContinuationScanner(scanner, sent)
+        return Continuation(response, first, continued, ResumedSink(ctx, held, self._app.count_tokens, sent))
+
+    def _count(self, outcome: str, why: str) -> str:
+        self._app.outcomes[outcome].inc()
+        log.warning("stream_not_resumed", request_id=self._ctx.request_id, why=why)
+        return why
+
+
+class ResumedSink(ContextSink):
+    """The context sink of a continuation: the gateway's own counts (a backend that sends no usage) cover every
+    part's prompt (the original prompt plus the text sent before that part), not the first one's only."""
+
+    __slots__ = ("_sent",)
+
+    def __init__(self, ctx: RequestContext, lease: Lease, count_tokens: Callable[[RequestContext], None],
+                 sent: tuple[int, ...]) -> None:
+        super().__init__(ctx, lease, count_tokens)
+        self._sent = sent
+
+    def counted_usage(self, tally: StreamTally) -> dict[str, int]:
+        usage = super().counted_usage(tally)
+        self._count_parts()
+        prompt, completion = self._ctx.prompt_tokens or 0, self._ctx.completion_tokens or 0
+        return {**usage, "prompt_tokens": prompt, "total_tokens": prompt + completion}
+
+    def closed(self, tally: StreamTally, end: StreamEnd) -> None:
+        super().closed(tally, end)
+        if self._ctx.usage_source is None and self._ctx.upstream_started:
+            self._count_tokens(self._ctx)
+            self._count_parts()
+
+    def _count_parts(self) -> None:
+        """The counted prompt (the original one) made every part's: each read it and the text sent before it."""
+        ctx = self._ctx
+        if ctx.usage_source == "counted" and ctx.prompt_tokens is not None:
+            ctx.prompt_tokens = ctx.prompt_tokens * len(self._sent) + sum(self._sent)
+
+
+def part_tokens(ctx: RequestContext) -> list[tuple[ResumePart, int, int]]:
+    """Each part of a resumed answer with its (prompt, completion) tokens, from the request's totals: part i read
+    the original prompt P plus the k_i tokens sent before it, so the prompt total is n*P + sum(k_i)."""
+    parts = ctx.resumed_parts
+    sent = [part.sent_before for part in parts]
+    prompt = ((ctx.prompt_tokens or 0) - sum(sent)) // len(parts)
+    ends = [*sent[1:], max(ctx.completion_tokens or 0, sent[-1])]
+    return [(part, prompt + part.sent_before, end - part.sent_before) for part, end in zip(parts, ends, strict=True)]
+
+
+async def first_bytes(response: Response, replica: Replica) -> bytes:
+    """The first bytes of a streamed answer (`Retry` when none came); the attempt closes the response on failure."""
+    try:
+        first = await response.readany()
+    except TimeoutError:
+        raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
+    except ClientFailure as err:
+        raise Retry(UpstreamError(f"backend {replica.name} failed before the first byte: {err}")) from None
+    if not first:
+        raise Retry(UpstreamError(f"backend {replica.name} closed the stream before the first byte"))
+    return first
+
+
+def priced_parts(ctx: RequestContext, day: date) -> list[dict[str, Any]]:
+    """The log line's `parts` of a resumed answer: each part's replica, tier, tokens and cost on its own tier
+    (the backend's cached prompt tokens, reported at the end, count on the last part)."""
+    parts = part_tokens(ctx)
+    out = []
+    for i, (part, prompt, completion) in enumerate(parts):
+        cached = min(ctx.cached_tokens, prompt) if i == len(parts) - 1 else 0
+        out.append({"replica": part.replica, "tier": part.tier.name, "prompt_tokens": prompt,
+                    "completion_tokens": completion, "cost_usd": part.tier.price_at(day).cost_usd(prompt, completion,
+                                                                                                   cached)})
+    return out
