@@ -24,6 +24,7 @@ from gateway.protocols import WIRES
 from gateway.protocols.anthropic_count import count_input_tokens
 from gateway.protocols.base import Wire, render
 from gateway.server import LIFECYCLE
+from gateway.sessions import SESSION_HEADER
 from gateway.stages.policy import resolve_tenant
 from gateway.state import GATEWAY, Gateway
 from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply
@@ -100,6 +101,7 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
         return web.Response(body=error_body(Overloaded("the gateway is starting")), status=503, content_type=JSON)
     key = _bearer(request) or (request.headers.get(wire.key_header) if wire and wire.key_header else None)
     ctx = RequestContext(next_request_id(), endpoint, gateway.config, b"", key, time.perf_counter(), time.time(), wire)
+    ctx.session_header = request.headers.get(SESSION_HEADER)
     if gateway.tracing is not None:
         ctx.trace = gateway.tracing.start(request.headers, ctx)
         ctx.finishers.append(ctx.trace.finish)
@@ -183,6 +185,8 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
         headers["x-gateway-rerouted-from"] = ctx.rerouted_from
     if ctx.replica is not None:
         headers["x-gateway-backend"] = ctx.replica.name
+    if ctx.session_route is not None:  # held: the session's tier served, not the lower one routed (issue 32)
+        headers["x-gateway-session"] = ctx.session_route if ctx.session_from is None else f"held from {ctx.session_from}"
     if ctx.difficulty is not None:
         headers["x-gateway-difficulty"] = f"{ctx.difficulty:.4f}"
     if ctx.quality_choice is not None:
