@@ -31,8 +31,9 @@ import gateway
 from gateway.config.routes import TracingSettings
 from gateway.tracing import ADMISSION, CACHE, CLASSIFICATION, UPSTREAM
 from gateway.tracing.otlp import FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, FLAG_SAMPLED, KIND_CLIENT, KIND_INTERNAL, \
-    KIND_SERVER, Encoder, ExportSettings, Exporter, SpanEncoder, SpanRecord, parse_key_values
+    KIND_SERVER, Encoder, Exporter, SpanEncoder, SpanRecord
 from gateway.tracing.otlp_json import JsonEncoder
+from gateway.tracing.settings import ExportSettings, parse_key_values
 from gateway.types import Reply
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ import orjson
 import structlog
 
 if TYPE_CHECKING:
-    from gateway.tracing.otlp import ExportSettings
+    from gateway.tracing.settings import ExportSettings
 
 log = structlog.get_logger("gateway.tracing")
 

@@ -21,7 +21,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
     ExportTraceServiceRequest, ExportTraceServiceResponse
 from structlog.testing import capture_logs
 
-from gateway.tracing.otlp import Encoder, ExportSettings, Exporter, SpanRecord
+from gateway.tracing.otlp import Encoder, Exporter, SpanRecord
+from gateway.tracing.settings import ExportSettings
 from tests.conftest import StartApp
 from tests.unit.test_otlp import from_json
 

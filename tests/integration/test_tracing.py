@@ -360,7 +360,8 @@ def test_a_full_queue_drops_and_counts_without_waiting_and_shutdown_flushes() ->
     import threading
     import time
 
-    from gateway.tracing.otlp import Encoder, ExportSettings, Exporter
+    from gateway.tracing.otlp import Encoder, Exporter
+    from gateway.tracing.settings import ExportSettings
 
     entered, release, exports = threading.Event(), threading.Event(), []
 
@@ -386,7 +387,8 @@ def test_a_full_queue_drops_and_counts_without_waiting_and_shutdown_flushes() ->
 
 
 async def test_export_retries_and_reads_the_otlp_variables(start_app: StartApp) -> None:
-    from gateway.tracing.otlp import Encoder, ExportSettings, Exporter
+    from gateway.tracing.otlp import Encoder, Exporter
+    from gateway.tracing.settings import ExportSettings
 
     got: list[tuple[int, dict[str, str], bytes]] = []
 

@@ -23,7 +23,8 @@ from structlog.testing import capture_logs
 from gateway.config.routes import TracingSettings
 from gateway.tracing import UnsupportedProtocol, check_tracing
 from gateway.tracing.otel import Tracing
-from gateway.tracing.otlp import Encoder, ExportSettings, Exporter, SpanRecord
+from gateway.tracing.otlp import Encoder, Exporter, SpanRecord
+from gateway.tracing.settings import ExportSettings
 from gateway.tracing.otlp_http import HttpPoster
 from gateway.tracing.otlp_json import JsonEncoder
 
