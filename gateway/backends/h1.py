@@ -12,9 +12,16 @@ none of that: a POST of JSON with the replica's own key, a JSON or SSE answer ba
 
 Timeouts work as aiohttp's `sock_connect` / `sock_read`: the connection within `connect_s`, then each
 read (the head, then every gap in the body) within `read_s` until `read_timeout` is set to None (the
-relay's watchdog takes over). A connection reused from the pool that the replica had closed meanwhile
-(it sent not one byte back) is replaced by a new one once, as browsers do. Errors are `ClientFailure`s:
-`ConnectFailed`, `ConnectTimeout` and `ReadTimeout` (both also `TimeoutError`), `UpstreamClosed`.
+relay's watchdog takes over). A pooled connection is polled before reuse (an end the event loop has not
+read yet: the replica closed it while idle); one that still turns out closed before a byte came back is
+replaced by a new one once, as browsers do, and counted (`resends`, `on_resend`). Errors are
+`ClientFailure`s: `ConnectFailed`, `ConnectTimeout` and `ReadTimeout` (both also `TimeoutError`),
+`UpstreamClosed`; a path or header HTTP/1.1 cannot carry is a `ValueError` before anything is sent.
+
+Against RFC 9110/9112: interim responses (1xx but 101) are read and dropped, the caller gets the final one;
+folded header lines are unfolded; response heads are limited as aiohttp's client limits them; trailers are
+not headers; a connection goes back to the pool only once its response was read whole, reading resumed.
+Names resolve through a `DnsCache` (10 s); an https:// replica may bring its own `ssl.SSLContext`.
 """
 
 from __future__ import annotations
@@ -108,6 +115,7 @@ class UpstreamClient:
         self.resends = 0  # requests sent again on a new connection (the replica may have received them twice)
         self._on_resend = on_resend  # told of each (a Prometheus counter)
         self._origins: dict[tuple[str, ssl.SSLContext | None], Origin] = {}
+        self._paths: set[str] = set()
         self._idle: dict[OriginKey, deque[Connection]] = {}  # most recently used last
         self._closed = False
 
@@ -119,8 +127,10 @@ class UpstreamClient:
         origin = self._origins.get((base_url, tls))
         if origin is None:
             origin = self._origins[(base_url, tls)] = Origin.of(base_url, tls)
-        if not _is_target(path):
-            raise ValueError(f"a request path must be printable ASCII without spaces: {path!r}")
+        if path not in self._paths:  # a handful of fixed paths: each checked once
+            if not _is_target(path):
+                raise ValueError(f"a request path must be printable ASCII without spaces: {path!r}")
+            self._paths.add(path)
         head = (f"POST {origin.path}{path}{origin.query} HTTP/1.1\r\nHost: {origin.host_header}\r\n{headers}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")  # `header_lines` checked them
         connection = self._take(origin.key)
@@ -211,7 +221,21 @@ class UpstreamClient:
 
 def _is_interim(head: bytes) -> bool:
     """`HTTP/1.x 1xx ...`: an interim response (its head is all of it: RFC 9112 §6.3)."""
-    return head[9:10] == b"1" and head.startswith(b"HTTP/1.") and head[10:12].isdigit() and head[12:13] in (b" ", b"\r")
+    return (len(head) > 12 and head[9] == 0x31 and head.startswith(b"HTTP/1.") and head[10:12].isdigit()
+            and head[12] in b" \r")
+
+
+def _oversized(head: bytes) -> str | None:
+    """Why a head that may hold a field over MAX_FIELD (name and value) or more than MAX_HEADERS fields is
+    refused; None when it holds neither (checked only for heads that could)."""
+    lines = head.split(b"\r\n")[1:-2]
+    if len(lines) > MAX_HEADERS:
+        return f"more than {MAX_HEADERS} header fields"
+    for line in lines:
+        name, _, value = line.partition(b":")
+        if len(name) + len(value.strip(b" \t")) > MAX_FIELD:
+            return f"a header field over {MAX_FIELD} bytes ({name[:40]!r}...)"
+    return None
 
 
 def _is_target(text: str) -> bool:
@@ -310,11 +334,12 @@ class Response:
 
     __slots__ = ("status", "headers", "read_timeout", "got_bytes", "_connection", "_parser", "_chunks",
                  "_buffered", "_paused", "_head_done", "_complete", "_keep_alive", "_error", "_waiter",
-                 "_finished", "_whole", "_pending", "_head_fed")
+                 "_finished", "_whole", "_pending", "_head_fed", "_fields")
 
     def __init__(self, connection: Connection, read_s: float | None) -> None:
         self.status = 0
         self.headers: dict[str, str] = {}  # lower-case names
+        self._fields = self.headers  # where `on_header` writes
         self.read_timeout = read_s  # per read; None: no timeout (a watchdog keeps one)
         self.got_bytes = False
         self._connection = connection
@@ -369,13 +394,15 @@ class Response:
                     return data
                 return self._keep_head(data)
             end += 4
-            line = data.find(b"\r\n")
-            if end > MAX_HEAD or line > MAX_LINE:
+            if end > MAX_LINE and (end > MAX_HEAD or data.find(b"\r\n") > MAX_LINE):
                 return self._refuse_head(f"a response head over {MAX_HEAD if end > MAX_HEAD else MAX_LINE} bytes")
-            if not _is_interim(data):
+            if data[9] != 0x31 or not _is_interim(data):  # the first test spares a call for most heads
                 self._head_fed = True
                 if data.find(b"\r\n ", 0, end) >= 0 or data.find(b"\r\n\t", 0, end) >= 0:
                     data = _OBS_FOLD.sub(b" ", data[:end]) + data[end:]
+                    end = data.find(b"\r\n\r\n") + 4
+                if (end > MAX_FIELD or data.count(b"\n", 0, end) > MAX_HEADERS + 2) and (refused := _oversized(data[:end])):
+                    return self._refuse_head(refused)
                 return data
             if data[9:12] == b"101":  # never asked for (no Upgrade header is sent): the connection is not HTTP now
                 return self._refuse_head("the replica switched protocols (101) unasked")
@@ -405,19 +432,13 @@ class Response:
             where = "before its response ended" if self._head_done else "before answering"
             self._fail(UpstreamClosed(f"the replica closed the connection {where}{reason}"))
 
-    def on_message_begin(self) -> None:
-        if self._complete:  # a second response after ours (in the same read): refused, see `feed`
-            raise UpstreamClosed("the replica sent bytes after its response")
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._head_done:  # a trailer after a chunked body: not a header of the response (as aiohttp)
-            return
-        if len(name) + len(value) > MAX_FIELD or len(self.headers) >= MAX_HEADERS:
-            raise UpstreamClosed(f"a response header over {MAX_FIELD} bytes, or more than {MAX_HEADERS} headers")
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self._fields[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        assert self._parser is not None
+        if self._complete or self._parser is None:  # a second response after ours (in the same read): see `feed`
+            raise UpstreamClosed("the replica sent bytes after its response")
+        self._fields = {}  # trailers after a chunked body land there: they are not the response's headers
         self.status = self._parser.get_status_code()
         self._head_done = True
         self._wake()

@@ -55,6 +55,17 @@ class Server:
         return request
 
 
+def replying(reply: bytes) -> Server:
+    """A server that writes `reply` for every request it reads."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while await server.request(reader):
+            writer.write(reply)
+
+    server = Server(handler)
+    return server
+
+
 def answer(body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
 

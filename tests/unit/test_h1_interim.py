@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from gateway.backends.h1 import UpstreamClient, UpstreamClosed
-from tests.unit.h1_scripted import JSON, Server, answer, client  # noqa: F401 (a fixture)
+from tests.unit.h1_scripted import JSON, Server, answer, client, replying  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.both_loops
 
@@ -78,14 +78,7 @@ async def test_interim_responses_split_byte_by_byte_then_a_streamed_answer(clien
 
 
 async def test_a_101_nobody_asked_for_fails_the_attempt(client: UpstreamClient) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
-        await server.request(reader)
-        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n" + answer(b"{}"))
-        await writer.drain()
-        await asyncio.sleep(1)
-
-    server = Server(handler)
-    async with server as url:
+    async with replying(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n" + answer(b"{}")) as url:
         with pytest.raises(UpstreamClosed, match="101"):
             await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)
         assert client.idle_count() == 0
@@ -93,11 +86,7 @@ async def test_a_101_nobody_asked_for_fails_the_attempt(client: UpstreamClient) 
 
 async def test_bytes_after_the_response_in_the_same_read_keep_the_answer_but_not_the_connection(
         client: UpstreamClient) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
-        while await server.request(reader):
-            writer.write(answer(b"mine") + answer(b"nobody's"))
-
-    server = Server(handler)
+    server = replying(answer(b"mine") + answer(b"nobody's"))
     async with server as url:
         for _ in range(2):
             response = await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)

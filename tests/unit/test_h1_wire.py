@@ -13,22 +13,13 @@ from gateway.backends.h1 import (HIGH_WATER, MAX_FIELD, MAX_HEADERS, MAX_LINE, U
 from gateway.backends.upstream import Retry, post
 from gateway.config import Replica
 from gateway.config.routes import Upstream
-from tests.unit.h1_scripted import JSON, Server, answer, client  # noqa: F401 (a fixture)
+from tests.unit.h1_scripted import JSON, Server, answer, client, replying  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.both_loops
 
 
-def replying(server_box: list[Server], reply: bytes) -> Server:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
-        while await server_box[0].request(reader):
-            writer.write(reply)
-
-    server_box.append(Server(handler))
-    return server_box[0]
-
-
 async def test_the_query_of_the_replica_url_goes_out(client: UpstreamClient) -> None:
-    server = replying([], answer(b"{}"))
+    server = replying(answer(b"{}"))
     async with server as url:
         base = url.replace("/v1", "/openai/deployments/gpt?api-version=2024-10-21")
         assert await (await client.post(base, "/chat/completions", b"{}", JSON, connect_s=2, read_s=2)).read() == b"{}"
@@ -38,7 +29,7 @@ async def test_the_query_of_the_replica_url_goes_out(client: UpstreamClient) -> 
 
 async def test_a_path_or_url_with_cr_lf_space_or_non_ascii_is_refused_before_sending(
         client: UpstreamClient) -> None:
-    server = replying([], answer(b"{}"))
+    server = replying(answer(b"{}"))
     async with server as url:
         for path in ("/x\r\nInjected: 1", "/x y", "/caf\u00e9"):
             with pytest.raises(ValueError, match="printable ASCII"):
@@ -59,7 +50,7 @@ def test_header_values_outside_latin_1_and_control_characters_are_refused_naming
 
 
 async def test_a_header_http_cannot_carry_fails_over_with_a_clear_error(client: UpstreamClient) -> None:
-    server = replying([], answer(b"{}"))
+    server = replying(answer(b"{}"))
     async with server as url:
         replica = Replica(name="r1", url=url, model="m")
         with pytest.raises(Retry) as failed:
@@ -76,7 +67,7 @@ async def test_a_header_http_cannot_carry_fails_over_with_a_clear_error(client: 
     b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * (2 * 1024 * 1024),  # 2 MiB and no end of the head
 ], ids=["field", "status-line", "count", "2MiB-unended"])
 async def test_response_heads_past_aiohttps_limits_are_refused(client: UpstreamClient, head: bytes) -> None:
-    server = replying([], head)
+    server = replying(head)
     async with server as url:
         with pytest.raises(UpstreamClosed, match="malformed"):
             await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)
@@ -86,14 +77,14 @@ async def test_response_heads_past_aiohttps_limits_are_refused(client: UpstreamC
 async def test_heads_at_the_limits_are_accepted(client: UpstreamClient) -> None:
     field = b"X-Big: " + b"a" * (MAX_FIELD - len(b"X-Big")) + b"\r\n"
     many = b"".join(b"X-%d: 1\r\n" % i for i in range(MAX_HEADERS - 2))
-    server = replying([], b"HTTP/1.1 200 OK\r\n" + field + many + b"Content-Length: 2\r\n\r\nok")
+    server = replying(b"HTTP/1.1 200 OK\r\n" + field + many + b"Content-Length: 2\r\n\r\nok")
     async with server as url:
         response = await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)
         assert (len(response.headers["x-big"]), await response.read()) == (MAX_FIELD - len(b"X-Big"), b"ok")
 
 
 async def test_folded_header_lines_are_unfolded_into_a_space(client: UpstreamClient) -> None:
-    server = replying([], b"HTTP/1.1 200 OK\r\nX-Folded: one\r\n two\r\n\t three\r\nContent-Length: 2\r\n\r\nok")
+    server = replying(b"HTTP/1.1 200 OK\r\nX-Folded: one\r\n two\r\n\t three\r\nContent-Length: 2\r\n\r\nok")
     async with server as url:
         for _ in range(2):
             response = await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)
@@ -131,7 +122,7 @@ async def test_a_connection_paused_by_flow_control_is_not_pooled_paused(client: 
 
 async def test_trailers_of_a_chunked_body_do_not_replace_its_headers(client: UpstreamClient) -> None:
     """Found by the differential test: llhttp reports trailer fields like headers, after the body."""
-    server = replying([], b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    server = replying(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
                           b"2;ext=1\r\nok\r\n0\r\nContent-Type: text/html\r\nX-Checksum: 1\r\n\r\n")
     async with server as url:
         response = await client.post(url, "/x", b"{}", JSON, connect_s=2, read_s=2)
