@@ -24,8 +24,10 @@ by gateway.training.router_train.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,30 @@ F32 = npt.NDArray[np.float32]
 HEAD_FILE = "head.onnx"
 
 
+def neighbour_means(table: F32, targets: F32, queries: F32, k: int) -> F32:
+    """(B, M): per model, the mean outcome of the k rows of `table` (unit vectors, with that model's outcome:
+    targets not NaN) nearest each query by cosine; NaN where a model has no row. Models measured on the same
+    rows (one source) share one neighbour search."""
+    sims = queries @ table.T
+    out = np.full((queries.shape[0], targets.shape[1]), np.nan, dtype=np.float32)
+    measured = ~np.isnan(targets)
+    for pattern in np.unique(measured.T, axis=0):
+        rows = np.flatnonzero(pattern)
+        if not len(rows):
+            continue
+        models = np.flatnonzero((measured.T == pattern).all(axis=1))
+        kk = min(k, len(rows))
+        near = rows[np.argpartition(-sims[:, rows], kk - 1, axis=1)[:, :kk]]
+        out[:, models] = targets[near][:, :, models].mean(axis=1)
+    return out
+
+
+def blend_outputs(linear: npt.NDArray[Any], near: npt.NDArray[Any], alpha: float) -> npt.NDArray[Any]:
+    """alpha * linear + (1 - alpha) * near, the linear output alone where kNN has no neighbours (NaN)."""
+    out: npt.NDArray[Any] = np.where(np.isnan(near), linear, alpha * linear + (1 - alpha) * near)
+    return out
+
+
 def rubric_gate(measured: npt.NDArray[np.floating[Any]], hard: npt.ArrayLike, gate_h0: float) -> F32:
     """quality = 1 - gate * (1 - measured), gate = hard / (hard + gate_h0); (B, M) from (B, M) and (B,)."""
     if gate_h0 <= 0:
@@ -55,11 +81,33 @@ def rubric_gate(measured: npt.NDArray[np.floating[Any]], hard: npt.ArrayLike, ga
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Neighbours:
+    """The kNN part: training prompts' embeddings (unit rows) and outcomes (NaN: unmeasured), k, blend weight."""
+
+    table: F32
+    targets: F32
+    k: int
+    alpha: float  # weight of the logistic outputs; 1 - alpha on the neighbours' mean
+
+    @classmethod
+    def from_arrays(cls, data: Mapping[str, npt.NDArray[Any]]) -> Neighbours:
+        """From router.npz: `knn_table` float16 (n, 384), `knn_targets` float16 (n, M)."""
+        return cls(data["knn_table"].astype(np.float32), data["knn_targets"].astype(np.float32), int(data["knn_k"]),
+                   float(data["blend_alpha"]))
+
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """What from_arrays reads, in float16 (int8 would halve the file but swap a neighbour now and then)."""
+        return {"knn_table": self.table.astype(np.float16), "knn_targets": self.targets.astype(np.float16),
+                "knn_k": np.array(self.k, np.int32), "blend_alpha": np.array(self.alpha, np.float32)}
+
+
 class QualityHead:
     """The fitted outputs on numpy: (B, 384) embeddings + texts -> (B, M) expected scores."""
 
     def __init__(self, models: Sequence[str], mean: F32, std: F32, weights: F32, bias: F32, *,
-                 gate_h0: float = 0.0, rubric: HeadSession | None = None) -> None:
+                 gate_h0: float = 0.0, rubric: HeadSession | None = None,
+                 neighbours: Neighbours | None = None) -> None:
         width = EMBEDDING_DIM + len(NAMES)
         if mean.shape != (width,) or std.shape != (width,) or weights.shape != (width, len(models)) \
                 or bias.shape != (len(models),):
@@ -72,6 +120,9 @@ class QualityHead:
         self.models = tuple(models)
         self.gate_h0 = float(gate_h0)
         self.rubric = rubric
+        if neighbours is not None and neighbours.targets.shape[1] != len(models):
+            raise ValueError(f"the neighbour table has {neighbours.targets.shape[1]} models, the router {len(models)}")
+        self.neighbours = neighbours
         # folded: ((x - mean) / std) @ W + b == x @ (W / std) + (b - (mean / std) @ W)
         self._weights = np.ascontiguousarray(weights / std[:, None], dtype=np.float32)
         self._bias = (bias - (mean / std) @ weights).astype(np.float32)
@@ -80,17 +131,27 @@ class QualityHead:
     def load(cls, path: Path, rubric: HeadSession | None = None) -> QualityHead:
         with np.load(path, allow_pickle=False) as data:
             gate = float(data["gate_h0"]) if "gate_h0" in data else 0.0
+            neighbours = Neighbours.from_arrays(data) if "knn_table" in data else None
             return cls([str(m) for m in data["models"]], *(data[k].astype(np.float32)
                                                            for k in ("mean", "std", "weights", "bias")),
-                       gate_h0=gate, rubric=rubric if gate > 0 else None)
+                       gate_h0=gate, rubric=rubric if gate > 0 else None, neighbours=neighbours)
 
-    def measured(self, embeddings: npt.ArrayLike, texts: Sequence[str]) -> F32:
-        """The logistic outputs alone (no gate): (B, M)."""
+    def linear(self, embeddings: npt.ArrayLike, texts: Sequence[str]) -> F32:
+        """The logistic outputs: (B, M)."""
         emb = np.asarray(embeddings, dtype=np.float32).reshape(len(texts), EMBEDDING_DIM)
         x = np.hstack([emb, feature_matrix(texts)])
         logits = x @ self._weights + self._bias
         out: F32 = (0.5 * (1.0 + np.tanh(0.5 * logits))).astype(np.float32)
         return out
+
+    def measured(self, embeddings: npt.ArrayLike, texts: Sequence[str]) -> F32:
+        """The outcome model before the gate: the logistic outputs, blended with kNN when the file has a table."""
+        linear = self.linear(embeddings, texts)
+        if self.neighbours is None:
+            return linear
+        emb = np.asarray(embeddings, dtype=np.float32).reshape(len(texts), EMBEDDING_DIM)
+        near = neighbour_means(self.neighbours.table, self.neighbours.targets, emb, self.neighbours.k)
+        return np.asarray(blend_outputs(linear, near, self.neighbours.alpha), dtype=np.float32)
 
     def scores(self, embeddings: npt.ArrayLike, texts: Sequence[str]) -> F32:
         """Expected score of each model, gated by the rubric: (B, M) in [0, 1]."""
@@ -118,11 +179,13 @@ class QualityPredictor:
         return row
 
     async def predict_many(self, texts: Sequence[str]) -> list[dict[str, float]]:
-        """One dict per text; the embeddings come through the cache (a repeated text is encoded once)."""
+        """One dict per text; the embeddings come through the cache (a repeated text is encoded once). The head
+        (features, kNN search, outputs: ~0.1-0.5 ms a prompt) runs in the loop's default executor, off the loop."""
         if not texts:
             return []
         embeddings, _ = await self.embedder.embed_many(texts)
-        scores = self.head.scores(np.stack(embeddings), texts)
+        loop = asyncio.get_running_loop()
+        scores = await loop.run_in_executor(None, self.head.scores, np.stack(embeddings), list(texts))
         return [dict(zip(self.models, map(float, row), strict=True)) for row in scores]
 
     def close(self) -> None:

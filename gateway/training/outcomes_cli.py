@@ -56,6 +56,8 @@ def router_options(args: argparse.Namespace) -> dict[str, Any]:
                "threads": args.threads}
     if hasattr(args, "gate"):
         options["gate_h0"] = args.gate
+    if hasattr(args, "alpha"):
+        options["alpha"] = args.alpha
     return options
 
 

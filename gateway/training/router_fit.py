@@ -7,7 +7,9 @@ measured different models). Every fit reads only the rows that have the model's 
   Newton: gateway.training.fit.newton_logistic). With `groups` (the task of each row) each group also gets
   its own offset while fitting, and the shared weights then learn what varies *within* a task; the served
   offset is the rows' average group offset.
-- `knn_predict`: the mean outcome of the k nearest training prompts by cosine of their embeddings.
+- `knn_predict`: the mean outcome of the k nearest training prompts by cosine of their embeddings (the
+  serving code's gateway.classifier.quality.neighbour_means);
+- `blend`: the two mixed, as the shipped router serves them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gateway.classifier.quality import blend_outputs, neighbour_means
 from gateway.training.fit import _one_blas_thread, newton_logistic, standardization
 
 F64 = npt.NDArray[np.float64]
@@ -88,16 +91,11 @@ def fit_linear(
 
 def knn_predict(train_emb: npt.ArrayLike, targets: npt.ArrayLike, test_emb: npt.ArrayLike, k: int = 25) -> F64:
     """(m, M): per model, the mean outcome of the k training rows (with that outcome) nearest by cosine."""
-    a = np.asarray(train_emb, dtype=np.float32)
-    b = np.asarray(test_emb, dtype=np.float32)
-    ys = np.asarray(targets, dtype=np.float64)
-    sims = b @ a.T
-    out = np.full((b.shape[0], ys.shape[1]), np.nan)
-    for m in range(ys.shape[1]):
-        have = np.flatnonzero(~np.isnan(ys[:, m]))
-        if not len(have):
-            continue
-        kk = min(k, len(have))
-        near = np.argpartition(-sims[:, have], kk - 1, axis=1)[:, :kk]
-        out[:, m] = ys[have, m][near].mean(axis=1)
-    return out
+    return np.asarray(neighbour_means(np.asarray(train_emb, dtype=np.float32), np.asarray(targets, dtype=np.float32),
+                                      np.asarray(test_emb, dtype=np.float32), k), dtype=np.float64)
+
+
+def blend(linear: npt.ArrayLike, knn: npt.ArrayLike, alpha: float) -> F64:
+    """What the shipped router serves (gateway.classifier.quality.blend_outputs), in float64."""
+    return np.asarray(blend_outputs(np.asarray(linear, dtype=np.float64), np.asarray(knn, dtype=np.float64), alpha),
+                      dtype=np.float64)

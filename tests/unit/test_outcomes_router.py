@@ -9,8 +9,10 @@ import pytest
 from gateway.classifier.difficulty import EncoderMismatch
 from gateway.classifier.encoder import EMBEDDING_DIM
 from gateway.classifier.prompt_features import COUNT, feature_matrix
-from gateway.classifier.quality import QualityHead, QualityPredictor, load_quality_predictor
-from gateway.training.router_fit import fit_linear, knn_predict
+from gateway.classifier.quality import (
+    Neighbours, QualityHead, QualityPredictor, load_quality_predictor, neighbour_means, open_rubric, rubric_gate,
+)
+from gateway.training.router_fit import blend, fit_linear, knn_predict
 from gateway.training.router_train import export_router
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,3 +103,36 @@ def test_the_shipped_router_serves_every_measured_model() -> None:
     assert set(quality) == set(predictor.models) and len(predictor.models) >= 20
     assert all(0.0 <= q <= 1.0 for q in quality.values())
     assert both[0] == both[1] and isinstance(predictor, QualityPredictor)
+
+
+def test_the_rubric_gate_shrinks_every_shortfall_with_p_hard() -> None:
+    measured = np.array([[0.2, 0.9], [0.2, 0.9]])
+    gated = rubric_gate(measured, [0.0, 1.0], 0.2)
+    assert np.allclose(gated[0], [1.0, 1.0])  # trivial by the rubric: every model answers
+    assert np.allclose(gated[1], 1 - (1 / 1.2) * (1 - measured[1]), atol=1e-6)
+    assert np.array_equal(rubric_gate(measured, [0.0, 1.0], 0.0), measured.astype(np.float32))  # h0 = 0: no gate
+
+
+def test_the_neighbour_table_survives_the_file_and_is_what_knn_computes(tmp_path: Path) -> None:
+    x, y, texts = synthetic(300)
+    emb = x[:, :EMBEDDING_DIM].astype(np.float32)
+    router = fit_linear(x, y, ["small", "large"], 1.0)
+    table = Neighbours(emb, y.astype(np.float32), 5, 0.25)
+    export_router(router, tmp_path, {"models": ["small", "large"]}, 0.0, table)
+    head = QualityHead.load(tmp_path / "router.npz")
+    assert head.neighbours is not None and head.neighbours.k == 5 and head.neighbours.alpha == 0.25
+    queries = emb[:20] + 0.01
+    expected = blend(router.predict(np.hstack([queries, feature_matrix(texts[:20])])), knn_predict(emb, y, queries, 5), 0.25)
+    assert np.allclose(head.measured(queries, texts[:20]), expected, atol=0.05)
+    near = neighbour_means(emb, y.astype(np.float32), emb[:3], 1)
+    assert np.allclose(near[:, 0], y[:3, 0])  # a stored prompt's nearest neighbour is itself
+
+
+def test_a_gate_whose_difficulty_head_changed_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "router"
+    folder.mkdir()
+    (tmp_path / "difficulty").mkdir()
+    (tmp_path / "difficulty" / "head.onnx").write_bytes(b"another head")
+    metrics = {"gate": {"h0": 0.2, "head_dir": "difficulty", "head_sha256": "0" * 64}}
+    with pytest.raises(EncoderMismatch, match="retrain the router after the difficulty head"):
+        open_rubric(metrics, folder)
