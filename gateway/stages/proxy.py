@@ -2,8 +2,9 @@
 
 A replica that fails before the first byte (connection refused, timeout, 5xx, 429) is skipped for
 the next one, up to `upstream.max_attempts` and while the retry budget lasts (`stages.failover`);
-after the first byte the relay owns the stream. The first byte's time feeds the replica's TTFT
-statistics and the hooks of other stages (the admission limiter).
+after the first byte the relay owns the stream, and a stream that breaks goes on from another replica
+(`stages.resume`). The first byte's time feeds the replica's TTFT statistics and the hooks of other stages
+(the admission limiter).
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from typing import Any
 
 import orjson
 
-from gateway.backends.h1 import ClientFailure, Response, UpstreamClient
+from gateway.backends.h1 import Response, UpstreamClient
 from gateway.backends.idle import IdleWatchdog
 from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import SseRelay
 from gateway.backends.upstream import Retry, post, read_answer
 from gateway.config import Replica
 from gateway.context import RequestContext
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.native import ResponsesScanner, is_native, settle as settle_native, upstream_body as native_body
 from gateway.sse import OutputLimit, SseScanner
 from gateway.stages.answer import ContextSink, apply_usage
 from gateway.stages.failover import answered, failover, first_byte, lease
+from gateway.stages.resume import StreamResumes, first_bytes
 from gateway.types import JsonReply, Reply, StreamReply
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions"}
@@ -42,6 +44,7 @@ class ProxyStage:
         self._watchdog = watchdog
         self._metrics = metrics
         self._count_tokens = count_tokens  # the account stage's counts, for a usage chunk the backend left out
+        self.resumes = StreamResumes(client, pool, metrics, count_tokens)  # a broken stream goes on elsewhere
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         return await failover(ctx, self._pool, self._metrics, lambda replica: self._attempt(ctx, replica))
@@ -59,7 +62,7 @@ class ProxyStage:
                 reply = await _settle_json(ctx, response, replica)
                 answered(ctx, held, ctx.completion_tokens or 0)  # estimates when the first token came
                 return reply
-            first = await _first_bytes(response, replica)
+            first = await first_bytes(response, replica)
             first_byte(ctx, held)
             return StreamReply(self._relay(ctx, response, first, held))
         except BaseException as err:
@@ -72,13 +75,14 @@ class ProxyStage:
         """The relay that takes over `response` and `held` from the attempt."""
         cap = ctx.tenant.output_cap if ctx.tenant else None
         limit = OutputLimit(cap.tokens, cap.chars) if cap else None
+        resumer = None if is_native(ctx) else self.resumes.for_request(ctx, held)  # it needs the text sent
         scanner = (ResponsesScanner if is_native(ctx) else SseScanner)(
-            ctx.endpoint, forward_usage=ctx.client_wants_usage, collect_text=ctx.cache_key is not None or ctx.keep_text,
-            limit=limit)
+            ctx.endpoint, forward_usage=ctx.client_wants_usage,
+            collect_text=ctx.cache_key is not None or ctx.keep_text or resumer is not None, limit=limit)
         sink = ContextSink(ctx, held, self._count_tokens)
         idle_s = ctx.config.routes.upstream.read_timeout_s
         return SseRelay(response, scanner, first, sink, self._watchdog, idle_s, max_tokens=ctx.max_tokens,
-                        wants_usage=ctx.client_wants_usage)
+                        wants_usage=ctx.client_wants_usage, resumer=resumer)
 
     async def _post(self, ctx: RequestContext, replica: Replica) -> Response:
         native = is_native(ctx)  # a Responses request to a tier serving /responses itself
@@ -90,19 +94,6 @@ class ProxyStage:
         # only the replica's own key from config (`upstream.post`): no client header is ever forwarded
         return await post(self._client, replica, "/responses" if native else PATHS[ctx.endpoint], orjson.dumps(body),
                           ctx.config.routes.upstream, ctx.trace.headers() if ctx.trace is not None else None)
-
-
-async def _first_bytes(response: Response, replica: Replica) -> bytes:
-    """The first bytes of the stream (`Retry` when none came); the attempt closes the response on failure."""
-    try:
-        first = await response.readany()
-    except TimeoutError:
-        raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
-    except ClientFailure as err:
-        raise Retry(UpstreamError(f"backend {replica.name} failed before the first byte: {err}")) from None
-    if not first:
-        raise Retry(UpstreamError(f"backend {replica.name} closed the stream before the first byte"))
-    return first
 
 
 async def _settle_json(ctx: RequestContext, response: Response, replica: Replica) -> JsonReply:
