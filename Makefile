@@ -1,29 +1,34 @@
 # `make run` and `make test` create .venv if missing and install what they need
-# (the `local` extra builds llama-cpp-python from source once, ~6 minutes; pip caches the wheel;
-# the `train` extra brings torch 2.13.0 (CPU), used by the exporter, its parity test and `gateway train`).
+# (llama.cpp is built from source once, see LLAMA_CMAKE_ARGS; the `train` extra brings torch 2.13.0 (CPU),
+# used by the exporter, its parity test and `gateway train`).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run run-emulated test typecheck bench bench-compare clean chromium loadgen nginx
+.PHONY: run run-emulated test typecheck bench bench-compare clean chromium loadgen nginx llama
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# llama-cpp-python: the library and its server only; the multimodal library (mtmd: clip, image and audio
-# encoders) is not built, the gateway serves text (measured in docs/BENCHMARKS.md, "Setup time")
-LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+# llama.cpp is built once, by the `llama` target (gateway/local/llama_build.py: llama-server for the local
+# tiers and the libllama that the llama_cpp binding loads, cached under ~/.cache/gateway/llama.cpp);
+# the binding (tokenizer, F16 conversion, training) is installed without compiling anything
+LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[dev,local,train]'
 	touch $@
 
+# returns at once when this version and these flags are built; links the binding to the build
+llama: $(VENV)/.installed
+	$(BIN)/python -m gateway.local.llama_build
+
 # the request log, one JSON line per request, that `gateway costs .gateway/requests.log*` reads (the console
 # keeps the banner); rotated at 100 MB, 7 files kept
 REQUEST_LOG = --log-file .gateway/requests.log --log-max-bytes 100000000
 
-run: $(VENV)/.installed
+run: $(VENV)/.installed llama
 	$(BIN)/gateway up --routes routes/local.yaml --policies policies/local.yaml $(REQUEST_LOG)
 
 run-emulated: $(VENV)/.installed
@@ -44,7 +49,7 @@ nginx:
 	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
 	  $$s apt-get update -qq && $$s apt-get install -y -qq nginx >/dev/null; }
 
-test: $(VENV)/.installed chromium loadgen nginx
+test: $(VENV)/.installed llama chromium loadgen nginx
 	$(BIN)/pytest
 
 typecheck: $(VENV)/.installed

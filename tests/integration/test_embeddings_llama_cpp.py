@@ -1,10 +1,9 @@
 """Issue 19 on the real path: a remote embedding tier whose replica is a real llama.cpp embedding server
-(llama-cpp-python's OpenAI server, `--embedding true`, Gemma 3 270M Q4_K_M mean-pooled: 640 dimensions),
+(`llama-server --embedding --pooling mean`, Gemma 3 270M Q4_K_M mean-pooled: 640 dimensions),
 behind the gateway and its Redis embedding cache, through the official openai client."""
 
 import asyncio
 import base64
-import subprocess
 from collections.abc import Iterator
 
 import aiohttp
@@ -15,7 +14,7 @@ from structlog.testing import capture_logs
 
 from gateway.app import create_app
 from gateway.config import Replica, Tier
-from gateway.local.children import Child, launch_command, stop_children, wait_healthy
+from gateway.local.children import launch_command, start_child, stop_children, wait_healthy
 from gateway.local.redis_server import free_port
 from gateway.testing import TEST_API_KEY, gateway_config, tier
 from tests.conftest import StartApp
@@ -26,7 +25,6 @@ TEXTS = ["The cat sat on the mat.", "A cat was sitting on a rug.", "Quarterly re
 PRICE = 50.0
 # Gemma 3's GGUF names no pooling: llama.cpp would answer one vector per token. Mean pooling makes it a
 # sentence embedder (the model is not trained as one, but paraphrases still land close: see the test).
-POOLING = ["--embedding", "true", "--kv_overrides", "gemma3.pooling_type=int:1"]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +32,9 @@ def llama_embedder() -> Iterator[Replica]:
     """One llama.cpp embedding server for the module (one thread)."""
     replica = Replica.model_validate({
         "name": "gemma-embed-0", "url": f"http://127.0.0.1:{free_port()}/v1", "model": "gemma-3-270m-embed",
-        "launch": {"kind": "llama_cpp", "model": "gemma3-270m-q4_k_m", "n_threads": 1, "n_ctx": 512}})
-    process = subprocess.Popen([*launch_command(replica), *POOLING], start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    children = [Child(replica.name, process, f"{replica.url}/models")]
+        "launch": {"kind": "llama_cpp", "model": "gemma3-270m-q4_k_m", "n_threads": 1, "n_ctx": 512,
+                   "embedding": True, "pooling": "mean"}})
+    children = [start_child(replica.name, launch_command(replica), f"{replica.url}/models", None)]
     try:
         asyncio.run(wait_healthy(children, timeout_s=120))
         yield replica

@@ -44,7 +44,7 @@ async def test_responses_on_llama_cpp(base_url: str) -> None:
     assert "".join(deltas) == done.output_text and done.output_text.strip()
     first, second = await request_lines(logs, 2)
     assert_logged(first, plain.usage.input_tokens, 6)
-    assert done.usage is not None and second["usage_source"] == "counted"  # llama.cpp streams no usage
+    assert done.usage is not None and second["usage_source"] == "backend"  # llama-server streams its usage
     assert_logged(second, done.usage.input_tokens, done.usage.output_tokens)
 
 
