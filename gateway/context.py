@@ -70,6 +70,7 @@ class RequestContext:
     cached_tokens: int = 0  # prompt tokens the backend served from its prefix cache (when it says)
     completion_tokens: int | None = None
     usage_source: UsageSource | None = None
+    stop_sequence: str | None = None  # the stop sequence the backend said ended the answer (protocols.base)
     output_chunks: int = 0  # streamed chunks with content: one token each on llama.cpp and vLLM
     response_text: str | None = None  # the answer's text: non-streamed, or streamed while caching or keep_text
     keep_text: bool = False  # collect a streamed answer's text (a shadow comparison needs it)

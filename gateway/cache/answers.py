@@ -19,6 +19,7 @@ class CachedAnswer:
     prompt_tokens: int
     completion_tokens: int
     model: str
+    stop_sequence: str | None = None  # the stop sequence the backend said ended it: replayed as vLLM's `stop_reason`
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -41,11 +42,15 @@ def _usage(answer: CachedAnswer) -> dict[str, int]:
             "total_tokens": total}
 
 
+def _stop(answer: CachedAnswer) -> dict[str, str]:
+    return {} if answer.stop_sequence is None else {"stop_reason": answer.stop_sequence}
+
+
 def json_body(endpoint: Endpoint, answer: CachedAnswer, request_id: str) -> bytes:
     """The non-streaming OpenAI response for a cached answer."""
     if endpoint == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": answer.text},
-                                  "finish_reason": answer.finish_reason}
+                                  "finish_reason": answer.finish_reason, **_stop(answer)}
         head = {"id": f"chatcmpl-{request_id}", "object": "chat.completion"}
     else:
         choice = {"index": 0, "text": answer.text, "logprobs": None, "finish_reason": answer.finish_reason}
@@ -67,7 +72,8 @@ def sse_body(endpoint: Endpoint, answer: CachedAnswer, request_id: str, include_
 
     def piece(text: str, finish: str | None) -> dict[str, Any]:
         if chat:
-            return {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}
+            return {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish,
+                    **(_stop(answer) if finish else {})}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
     events = [event({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})] if chat else []

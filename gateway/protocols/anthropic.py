@@ -5,7 +5,8 @@ assistant turns, text content blocks), `stop_sequences`, `temperature`, `top_p`,
 `metadata.user_id`; the key in `x-api-key` or `Authorization: Bearer`. Tools and images are refused
 with a 400 naming the field. Errors are Anthropic's: {"type": "error", "error": {"type", "message"}}
 (an unknown model: 404 not_found_error). An answer that ended at one of `stop_sequences` says
-stop_reason "stop_sequence" and the sequence when the backend tells which one matched (vLLM, SGLang).
+stop_reason "stop_sequence" and the sequence when the backend tells which one matched (vLLM, SGLang; a llama.cpp
+server the gateway launched, asked with `verbose`).
 
 POST /v1/messages/count_tokens: gateway.protocols.anthropic_count.
 """
@@ -16,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from gateway.config import Replica
+from gateway.config.routes import LlamaCppLaunch
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.base import ChatAnswer, copy_fields, refuse, sse, text_parts
@@ -76,6 +79,14 @@ class AnthropicWire:
         if err.param in RENAMED:
             message = message.replace(f"'{err.param}'", f"'{RENAMED[err.param]}'")
         return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+def wants_stop_word(ctx: RequestContext, replica: Replica) -> bool:
+    """Whether to ask `replica` which stop word ended the answer (`verbose: true`): a Messages request with stop
+    sequences to a llama.cpp server the gateway launched. llama-server says it only in its `__verbose` debug field,
+    and only when asked; vLLM and SGLang say it unasked, and other servers may refuse the unknown field."""
+    return (ctx.wire is not None and ctx.wire.name == AnthropicWire.name and bool(ctx.body.get("stop"))
+            and isinstance(replica.launch, LlamaCppLaunch))
 
 
 def stop_of(answer: ChatAnswer) -> tuple[str, str | None]:

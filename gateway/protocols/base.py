@@ -60,23 +60,25 @@ def render(wire: Wire, ctx: RequestContext, reply: Reply, count_tokens: Callable
     if is_native(ctx):
         return reply
     if isinstance(reply, StreamReply):
-        return StreamReply(TranslatedStream(reply.source, wire.events(ctx)), reply.headers)
+        return StreamReply(TranslatedStream(reply.source, wire.events(ctx), ctx), reply.headers)
     count_tokens(ctx)  # the backend's usage, else counted: what accounting logs
     chat = orjson.loads(reply.body)
     choice = chat["choices"][0]
     message = choice.get("message") or {}
     answer = ChatAnswer(message.get("content") or "", ctx.finish_reason, str(chat.get("model", "")),
                         ctx.prompt_tokens or 0, ctx.completion_tokens or 0,
-                        matched_stop(choice) if ctx.finish_reason == "stop" else None)
+                        matched_stop(chat, choice) if ctx.finish_reason == "stop" else None)
+    ctx.stop_sequence = answer.stop_sequence  # a cached copy replays it
     return JsonReply(reply.status, wire.render(ctx, answer), reply.headers)
 
 
 class TranslatedStream:
     """A ChunkSource re-writing a chat completions SSE stream as a protocol's events."""
 
-    def __init__(self, source: ChunkSource, events: Events) -> None:
+    def __init__(self, source: ChunkSource, events: Events, ctx: RequestContext) -> None:
         self._source = source
         self._events = events
+        self._ctx = ctx
         self._answer = ChatAnswer("", None, "", 0, 0)
         self._pieces: list[str] = []
         self._started = False
@@ -103,9 +105,12 @@ class TranslatedStream:
         answer = self._answer
         if payload == DONE:
             answer.text = "".join(self._pieces)
+            self._ctx.stop_sequence = answer.stop_sequence  # a cached copy replays it
             return self._events.end(answer)
         chunk = orjson.loads(payload)  # the relay forwards only parsed events
         out = b""
+        if "__verbose" in chunk:  # llama.cpp's, once, on the first event of the end (asked for: `wants_stop_word`)
+            answer.stop_sequence = matched_stop(chunk, None)
         if not self._started:
             self._started, answer.model = True, str(chunk.get("model", ""))
             out = self._events.start(answer.model)
@@ -113,7 +118,7 @@ class TranslatedStream:
             choice = choices[0]  # n is 1: the protocols have no choices
             if reason := choice.get("finish_reason"):
                 answer.finish_reason = reason
-                answer.stop_sequence = matched_stop(choice) if reason == "stop" else None
+                answer.stop_sequence = matched_stop(chunk, choice) or answer.stop_sequence
             delta = choice.get("delta")
             if delta and (text := delta.get("content")):
                 self._pieces.append(text)
@@ -125,14 +130,17 @@ class TranslatedStream:
         return out
 
 
-def matched_stop(choice: dict[str, Any]) -> str | None:
-    """The stop sequence a backend says the answer ended at: vLLM's `stop_reason` (a string; a token id when a stop
-    token ended it), SGLang's `matched_stop`. None when it does not say (llama.cpp, an end-of-sequence token)."""
+def matched_stop(answer: dict[str, Any], choice: dict[str, Any] | None) -> str | None:
+    """The stop sequence a backend says the answer (or stream event) ended at: vLLM's `stop_reason` (a string; a token
+    id when a stop token ended it), SGLang's `matched_stop`, llama.cpp's `__verbose.stopping_word` (sent when asked
+    with `verbose`: `gateway.protocols.anthropic.wants_stop_word`). None when it does not say, or no sequence did."""
     for key in ("stop_reason", "matched_stop"):
-        value = choice.get(key)
+        value = choice.get(key) if choice is not None else None
         if isinstance(value, str) and value:
             return value
-    return None
+    verbose = answer.get("__verbose")
+    word = verbose.get("stopping_word") if isinstance(verbose, dict) else None
+    return word if isinstance(word, str) and word else None
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

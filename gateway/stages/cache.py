@@ -66,7 +66,7 @@ def _storable_answer(ctx: RequestContext) -> CachedAnswer | None:
         return None
     model = ctx.replica.model if ctx.replica else ""
     return CachedAnswer(ctx.response_text, ctx.finish_reason or "stop", ctx.prompt_tokens, ctx.completion_tokens,
-                        model)
+                        model, ctx.stop_sequence)
 
 
 def _replay(ctx: RequestContext, answer: CachedAnswer, status: CacheStatus) -> Reply:

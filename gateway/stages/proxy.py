@@ -24,6 +24,7 @@ from gateway.config import Replica
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.anthropic import wants_stop_word
 from gateway.protocols.native import ResponsesScanner, is_native, settle as settle_native, upstream_body as native_body
 from gateway.sse import OutputLimit, SseScanner
 from gateway.stages.answer import ContextSink, apply_usage
@@ -91,6 +92,8 @@ class ProxyStage:
             body["max_tokens"] = body["max_completion_tokens"]  # it, a limit asked that way was ignored
         if ctx.stream and not native:
             body["stream_options"] = {"include_usage": True}
+        if wants_stop_word(ctx, replica):  # llama.cpp names the stop sequence that matched only when asked
+            body["verbose"] = True
         # only the replica's own key from config (`upstream.post`): no client header is ever forwarded
         return await post(self._client, replica, "/responses" if native else PATHS[ctx.endpoint], orjson.dumps(body),
                           ctx.config.routes.upstream, ctx.trace.headers() if ctx.trace is not None else None)

@@ -120,3 +120,25 @@ async def test_count_tokens_counts_what_the_backend_will_read(emulated: anthropi
     with pytest.raises(anthropic.AuthenticationError):
         await anthropic.AsyncAnthropic(base_url=str(emulated.base_url), api_key="sk-wrong").messages.count_tokens(
             model="t", messages=turns)
+
+
+async def test_a_cached_answer_keeps_its_stop_sequence(start_app: StartApp, redis_url: str) -> None:
+    from gateway.app import create_app
+
+    upstream = await start_app(vllm_like())
+    config = gateway_config([tier("t", [f"{upstream}/v1"])])
+    url = await start_app(create_app(config, redis_url=redis_url))
+    claude = anthropic.AsyncAnthropic(base_url=url, api_key=TEST_API_KEY)
+    ask: dict[str, Any] = {"model": "t", "max_tokens": 50, "extra_body": {"temperature": 0},  # cached when 0
+                           "stop_sequences": [" END"], "messages": [{"role": "user", "content": "Answer, cached?"}]}
+    first = await claude.messages.with_raw_response.create(**ask)
+    again = await claude.messages.with_raw_response.create(**ask)
+    assert again.headers.get("x-gateway-cache") == "hit" != first.headers.get("x-gateway-cache")
+    for raw in (first, again):
+        message = await raw.parse()
+        assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", " END")
+    async with claude.messages.stream(**{**ask, "messages": [{"role": "user", "content": "Streamed, cached?"}]}) as s:
+        await s.get_final_message()
+    async with claude.messages.stream(**{**ask, "messages": [{"role": "user", "content": "Streamed, cached?"}]}) as s:
+        final = await s.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", " END")

@@ -70,3 +70,19 @@ async def test_embeddings_beside_llama_cpp(base_url: str) -> None:
     assert [len(d.embedding) for d in answer.data] == [384, 384] and answer.usage.prompt_tokens > 0
     models = [m.id async for m in client.models.list()]
     assert "minilm" in models and "small-q4" in models
+
+
+async def test_a_stop_sequence_on_llama_cpp_is_named(base_url: str) -> None:
+    """llama-server names the stop word only in its debug field: the gateway asks for it (issue 30)."""
+    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=TEST_API_KEY)
+    ask = {"model": "small-q4", "max_tokens": 60, "messages": [{"role": "user", "content": "Name three colours."}],
+           "extra_body": {"temperature": 0}}  # greedy: the same words each run (one has an "e" early)
+    message = await client.messages.create(**ask, stop_sequences=["e"])  # type: ignore[arg-type]
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "e")
+    assert message.content[0].type == "text" and "e" not in message.content[0].text
+    async with client.messages.stream(**ask, stop_sequences=["zq", "e"]) as stream:  # type: ignore[arg-type]
+        text = "".join([piece async for piece in stream.text_stream])
+        final = await stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "e") and "e" not in text
+    capped = await client.messages.create(**{**ask, "max_tokens": 2}, stop_sequences=["zqzq"])  # type: ignore[arg-type]
+    assert (capped.stop_reason, capped.stop_sequence) == ("max_tokens", None)

@@ -42,7 +42,7 @@ class Source:
 async def translate(wire: Wire, data: bytes, cut: int) -> list[tuple[str, dict[str, object]]]:
     ctx = RequestContext("r1", "chat", CONFIG, b"", None, 0.0, 0.0, wire)
     source = Source(data, cut)
-    stream = TranslatedStream(source, wire.events(ctx))
+    stream = TranslatedStream(source, wire.events(ctx), ctx)
     out = b"".join([chunk async for chunk in stream.chunks()])
     stream.close()
     assert source.closed
