@@ -22,7 +22,7 @@ from gateway.stages.parse import ParseStage
 from gateway.stages.policy import apply_limits
 from gateway.stages.route import RouteStage
 from gateway.stages.session import SessionStage
-from gateway.types import DifficultyScorer, Endpoint, QualityPredictor
+from gateway.types import AUTO_MODEL, DifficultyScorer, Endpoint, QualityPredictor
 
 
 def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
@@ -81,8 +81,9 @@ def _limits(tenant: TenantPolicy, asked: int | None, applied: int | None, prompt
 
 
 def _quality(ctx: RequestContext, tenant: TenantPolicy, predictor: QualityPredictor | None) -> dict[str, Any] | None:
-    """quality_floor's view: the floor, each tier's predicted quality and price, the best and the chosen tier."""
-    if tenant.quality_floor is None:
+    """quality_floor's view: the floor, each tier's predicted quality and price, the best and the chosen tier
+    (None when the floor does not apply: the tenant has none, or the request names its tier)."""
+    if tenant.quality_floor is None or ctx.model_requested != AUTO_MODEL or ctx.endpoint == "embeddings":
         return None
     choice = ctx.quality_choice
     report: dict[str, Any] = {"floor": tenant.quality_floor, "predictor": predictor is not None,

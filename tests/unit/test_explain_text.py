@@ -85,6 +85,9 @@ async def test_quality_routing_shows_each_tiers_quality_price_and_why() -> None:
     failed = await explain(config({"quality_floor": 0.05}), "test-tenant", body("hi"),
                            predictor=TableQualityPredictor({}, error=RuntimeError("x")))
     assert any("the predictor failed on this prompt" in line for line in lines(failed))
+    named = await explain(config({"quality_floor": 0.05}), "test-tenant", {**body("hi"), "model": "large"},
+                          predictor=predictor)
+    assert named["quality"] is None and named["tier"] == "large" and predictor.calls == ["hi"]
 
 
 async def test_a_refusal_is_one_line_naming_the_field() -> None:
