@@ -13,6 +13,7 @@ quality is within `floor` of the best tier's: 0 takes the best tier, 1 the cheap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -58,10 +59,11 @@ class QualityChoice:
 
 
 def tier_qualities(predictions: Mapping[str, float], tiers: Iterable[Tier]) -> dict[str, float]:
-    """tier name -> the prediction for its quality_model (tiers without one, or whose model the predictor does
-    not know, are left out)."""
+    """tier name -> the prediction for its quality_model (tiers without one, whose model the predictor does
+    not know, or whose prediction is not a number in [0, 1], are left out)."""
     return {t.name: float(predictions[t.quality_model]) for t in tiers
-            if t.endpoint == "chat" and t.quality_model is not None and t.quality_model in predictions}
+            if t.endpoint == "chat" and t.quality_model is not None
+            and 0.0 <= predictions.get(t.quality_model, math.nan) <= 1.0}
 
 
 def tier_options(predictions: Mapping[str, float], tiers: Iterable[Tier], *, prompt_tokens: int,

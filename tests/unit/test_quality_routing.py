@@ -59,7 +59,8 @@ def test_tier_options_use_each_tiers_quality_model_and_price() -> None:
              tier("large", ["http://127.0.0.1:1/v1"], output_per_mtok=8.0, quality_model=LARGE),
              tier("other", ["http://127.0.0.1:1/v1"], quality_model="not-predicted"),
              tier("plain", ["http://127.0.0.1:1/v1"])]
-    opts = tier_options({SMALL: 0.5, LARGE: 0.7}, tiers, prompt_tokens=1000, completion_tokens=1000, day=TODAY)
+    opts = tier_options({SMALL: 0.5, LARGE: 0.7, "not-predicted": float("nan")}, tiers, prompt_tokens=1000,
+                        completion_tokens=1000, day=TODAY)
     assert [(o.tier, o.quality) for o in opts] == [("small", 0.5), ("large", 0.7)]
     assert opts[0].price_usd == pytest.approx((1000 * 1.0 + 1000 * 1.0) / 1e6)
     assert opts[1].price_usd == pytest.approx((1000 * 1.0 + 1000 * 8.0) / 1e6)
