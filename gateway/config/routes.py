@@ -268,6 +268,26 @@ class Tier(Frozen):
         default=None,
         description="counts tokens when the backend reports no usage: a tokenizer.json path, or gguf:<local model>",
     )
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_known(cls, spec: str | None) -> str | None:
+        """Checked when the file loads (start, reload, `gateway policy check`), not when it first counts a stream."""
+        if spec is None or spec == "emulator":
+            return spec
+        if spec.startswith("gguf:"):
+            from gateway.local.models import F16, Q4
+            from gateway.tokens import CHAT_TEMPLATES
+
+            model, _, chat_format = spec.removeprefix("gguf:").partition(":")
+            if model not in (Q4, F16):
+                raise ValueError(f"unknown local model {model!r}: use gguf:{Q4} or gguf:{F16}")
+            if chat_format and chat_format not in CHAT_TEMPLATES:
+                raise ValueError(f"unknown chat format {chat_format!r}; known: {', '.join(CHAT_TEMPLATES)}")
+            return spec
+        if not os.path.isfile(spec):
+            raise ValueError("no tokenizer.json file there (nor 'emulator' or gguf:<local model>)")
+        return spec
     prefill_tokens_per_s: float | None = Field(
         default=None, gt=0, description="first guess of one replica's prefill speed (learned from traffic after)"
     )

@@ -114,3 +114,27 @@ def test_the_repository_files_pass_as_the_readme_runs_them() -> None:
     assert "policies/local.yaml: ok (with " in result.stdout and "routes/local.yaml)" in result.stdout
     example = run_check("--routes", "routes/emulator.yaml", "policies/example.yaml", "policies/experiments-example.yaml")
     assert example.returncode == 0 and example.stdout.count("ok (with routes/emulator.yaml)") == 2
+
+
+@pytest.mark.parametrize(("tokenizer", "reason"), [
+    ("gguf:gemma-9000", "unknown local model 'gemma-9000'"), ("gguf:gemma3-270m-f16:chatml", "unknown chat format"),
+    ("tokenizers/missing.json", "no tokenizer.json file there"),
+])
+def test_a_tokenizer_the_server_could_not_load_is_refused_at_load_and_by_the_check(
+        tmp_path: Path, tokenizer: str, reason: str) -> None:
+    routes = write(tmp_path, "routes.yaml", ROUTES.replace("    precision: fp16\n",
+                                                           f"    precision: fp16\n    tokenizer: {tokenizer}\n"))
+    policy = write(tmp_path, "policy.yaml", POLICY)
+    with pytest.raises(ConfigError) as served:
+        load_config(routes, policy)
+    [issue] = served.value.issues
+    assert (issue.file, issue.line, issue.field) == (str(routes), 10, "tiers[1].tokenizer") and reason in issue.reason
+    result = run_check(routes, policy)
+    assert result.returncode == 1 and f"{routes}:10: tiers[1].tokenizer: " in result.stdout
+
+
+def test_the_tokenizers_the_repository_uses_pass() -> None:
+    from gateway.config.loader import load_routes
+
+    for path in ROOT.glob("routes/*.yaml"):
+        load_routes(path)
