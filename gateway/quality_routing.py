@@ -17,14 +17,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
+from operator import itemgetter
+from typing import NamedTuple
 
 from gateway.config import Tier
 
 TIE = 1e-9  # predictions this close to the floor count as within it
 
 
-@dataclass(frozen=True, slots=True)
-class TierOption:
+class TierOption(NamedTuple):
     """One tier as quality routing sees it."""
 
     tier: str
@@ -32,59 +33,63 @@ class TierOption:
     price_usd: float  # this request's price on the tier (prompt tokens + max_tokens)
 
 
+_PRICE = itemgetter(2)
+_QUALITY = itemgetter(1)
+
+
 @dataclass(frozen=True, slots=True)
 class QualityChoice:
-    tier: str
-    best: TierOption  # the tier with the highest predicted quality
+    chosen: TierOption
+    best: TierOption  # the tier with the highest predicted quality (the cheapest of equal bests)
     floor: float
     options: tuple[TierOption, ...]  # cheapest first
 
     @property
-    def chosen(self) -> TierOption:
-        return next(o for o in self.options if o.tier == self.tier)
+    def tier(self) -> str:
+        return self.chosen.tier
 
     @property
     def reason(self) -> str:
         """Why, in one line of ASCII (a response header, a log field and `route explain` show it)."""
         chosen, best = self.chosen, self.best
-        if chosen.tier == best.tier:
+        if chosen is best:
             cheaper = [o for o in self.options if o.price_usd < chosen.price_usd]
             if not cheaper:
                 return f"quality: {chosen.tier} is the best ({chosen.quality:.3f}) and the cheapest"
-            near = max(cheaper, key=lambda o: o.quality)
+            near = max(cheaper, key=_QUALITY)
             return (f"quality: {chosen.tier} is the best ({chosen.quality:.3f}); cheaper tiers predict less than "
                     f"{best.quality - self.floor:.3f} (best - floor {self.floor:g}; {near.tier} {near.quality:.3f})")
         return (f"quality: {chosen.tier} ({chosen.quality:.3f}) is the cheapest within floor {self.floor:g} of the "
                 f"best, {best.tier} ({best.quality:.3f})")
 
 
-def tier_qualities(predictions: Mapping[str, float], tiers: Iterable[Tier]) -> dict[str, float]:
-    """tier name -> the prediction for its quality_model (tiers without one, whose model the predictor does
-    not know, or whose prediction is not a number in [0, 1], are left out)."""
-    return {t.name: float(predictions[t.quality_model]) for t in tiers
-            if t.endpoint == "chat" and t.quality_model is not None
-            and 0.0 <= predictions.get(t.quality_model, math.nan) <= 1.0}
-
-
 def tier_options(predictions: Mapping[str, float], tiers: Iterable[Tier], *, prompt_tokens: int,
                  completion_tokens: int, day: date) -> list[TierOption]:
-    """The tiers with a predicted quality, cheapest first (ties: in the routes file's order)."""
-    by_name = {t.name: t for t in tiers}
-    qualities = tier_qualities(predictions, by_name.values())
-    options = [TierOption(name, quality,
-                          by_name[name].price_at(day).cost_usd(prompt_tokens, completion_tokens))
-               for name, quality in qualities.items()]
-    return sorted(options, key=lambda o: o.price_usd)  # stable: the routes file's order breaks ties
+    """The chat tiers with a predicted quality, cheapest first (ties: in the routes file's order). A tier is
+    left out without a quality_model, when the predictor does not know its model, or when the prediction is not
+    a number in [0, 1]."""
+    options = []
+    for tier in tiers:
+        model = tier.quality_model
+        if model is None or tier.endpoint != "chat":
+            continue
+        quality = predictions.get(model, math.nan)
+        if 0.0 <= quality <= 1.0:
+            price = tier.price_at(day).cost_usd(prompt_tokens, completion_tokens)
+            options.append(TierOption(tier.name, float(quality), price))
+    options.sort(key=_PRICE)  # stable
+    return options
 
 
 def choose(options: Sequence[TierOption], floor: float) -> QualityChoice | None:
     """The cheapest option whose quality is at least the best's minus `floor`; None without options."""
     if not options:
         return None
-    ordered = tuple(sorted(options, key=lambda o: o.price_usd))
-    best = max(ordered, key=lambda o: o.quality)  # the first (cheapest) of equal bests
-    pick = next(o for o in ordered if o.quality >= best.quality - floor - TIE)
-    return QualityChoice(pick.tier, best, floor, ordered)
+    ordered = tuple(sorted(options, key=_PRICE))
+    best = max(ordered, key=_QUALITY)  # the first (cheapest) of equal bests
+    bar = best.quality - floor - TIE
+    pick = next(o for o in ordered if o.quality >= bar)
+    return QualityChoice(pick, best, floor, ordered)
 
 
 def gain(options: Sequence[TierOption]) -> float | None:
@@ -92,5 +97,5 @@ def gain(options: Sequence[TierOption]) -> float | None:
     None with fewer than two tiers."""
     if len(options) < 2:
         return None
-    ordered = sorted(options, key=lambda o: o.price_usd)
+    ordered = sorted(options, key=_PRICE)
     return ordered[-1].quality - ordered[0].quality
