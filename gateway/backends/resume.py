@@ -5,10 +5,13 @@
 
 The continuation asks a backend to go on with the answer the client already has. Chat: the original
 messages, then the text relayed so far as the start of the assistant's turn, with `continue_final_message:
-true, add_generation_prompt: false` (vLLM's names; llama.cpp's llama-server reads the same two fields, and
-without them continues a final assistant message anyway; the emulator reads them too). Completions: the
-prompt followed by the text so far. `max_tokens` (and `max_completion_tokens`) drop by the tokens already
-sent. docs/FAULTS.md says what each backend does with it.
+true, add_generation_prompt: false` (vLLM's names; the emulator reads them too). llama.cpp's llama-server
+reads the same fields but honours them only with a Jinja template: with a built-in one (`--no-jinja
+--chat-template gemma`, as `gateway up` runs it) it closes the assistant's turn after the text. So a server
+that renders its template on POST /apply-template gets the chat as that prompt plus the text so far, on
+/completions (`template`), and its text_completion chunks are made chat chunks. Completions: the prompt
+followed by the text so far. `max_tokens` (and `max_completion_tokens`) drop by the tokens already sent.
+docs/FAULTS.md says what each backend does with it.
 
 `ContinuationScanner` makes the continuation's events look like the rest of the first stream: the same id,
 created and model, the role chunk that opens a chat stream dropped, the tally carried on (so the output cap,
@@ -32,19 +35,24 @@ if TYPE_CHECKING:
     from gateway.backends.relay import StreamSink
 
 HEAD_FIELDS = ("id", "object", "created", "model")
+CHAT_ONLY = frozenset({"messages", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+                       "response_format", "logprobs", "top_logprobs", "continue_final_message", "add_generation_prompt",
+                       "chat_template_kwargs", "reasoning_format", "max_completion_tokens"})
 
 
 def continuation_body(endpoint: Endpoint, body: dict[str, Any], text: str, sent: int,
-                      max_tokens: int | None) -> dict[str, Any]:
+                      max_tokens: int | None, template: str | None = None) -> dict[str, Any]:
     """The request that continues `body`'s answer after `text` (what the client has: `sent` tokens), for
-    `max_tokens` more."""
-    out = dict(body)
-    if endpoint == "chat":
-        out["messages"] = [*body["messages"], {"role": "assistant", "content": text}]
-        out["continue_final_message"] = True
-        out["add_generation_prompt"] = False
+    `max_tokens` more. `template`: the chat's prompt as the backend's own chat template renders it (llama.cpp's
+    POST /apply-template), for a chat continued on /completions (see the module docstring)."""
+    if template is not None:
+        out = {k: v for k, v in body.items() if k not in CHAT_ONLY}
+        out["prompt"] = template + text
+    elif endpoint == "chat":
+        out = {**body, "messages": [*body["messages"], {"role": "assistant", "content": text}],
+               "continue_final_message": True, "add_generation_prompt": False}
     else:
-        out["prompt"] = body["prompt"] + text
+        out = {**body, "prompt": body["prompt"] + text}
         out.pop("echo", None)  # the prompt would come back: the client has it
     if isinstance(out.get("min_tokens"), int):  # vLLM's: counts the tokens this request generates
         out["min_tokens"] = max(0, out["min_tokens"] - sent)
@@ -52,7 +60,7 @@ def continuation_body(endpoint: Endpoint, body: dict[str, Any], text: str, sent:
     out.pop("max_tokens", None)
     if max_tokens is not None:
         out["max_tokens"] = max_tokens  # llama.cpp's servers read only this one
-        if asked_as_completion:
+        if asked_as_completion and template is None:
             out["max_completion_tokens"] = max_tokens
     return out
 
@@ -75,15 +83,18 @@ class ContinuationScanner(SseScanner):
     """Reads a continuation's events as more of the stream `previous` scanned (see the module docstring).
     `sent` holds, for each part so far (this one last), the tokens the client had before it."""
 
-    def __init__(self, previous: SseScanner, sent: tuple[int, ...]) -> None:
+    def __init__(self, previous: SseScanner, sent: tuple[int, ...], *, completions: bool = False) -> None:
         super().__init__("chat" if previous._chat else "completions", forward_usage=previous._forward_usage,
                          limit=previous._limit)
         self.tally = previous.tally  # one tally for the whole answer
         self.tally.usage = None
         self._sent = sent
         self._head = previous.tally.head
+        self._as_chat = completions and self._chat  # a chat continued on /completions: its chunks made chat ones
 
     def _tally_chunk(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        if self._as_chat:
+            chunk["choices"] = [_chat_choice(c) for c in chunk.get("choices") or () if isinstance(c, dict)]
         chunk.update(self._head)
         usage = chunk.get("usage")
         if isinstance(usage, dict):
@@ -109,6 +120,13 @@ class ContinuationScanner(SseScanner):
         prompt = original * len(sent) + sum(sent)
         completion += sent[-1]
         return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _chat_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    """A text_completion chunk's choice as a chat.completion.chunk's."""
+    text = choice.get("text")
+    return {"index": choice.get("index", 0), "delta": {"content": text} if text else {}, "logprobs": None,
+            "finish_reason": choice.get("finish_reason")}
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ The proxy stage hands each streamed attempt's relay a `StreamResumer` (`StreamRe
 the tenant's policy turned resuming off. When the upstream breaks (reset, EOF before [DONE], idle past the
 read timeout), the relay asks it for a continuation: the resumer posts `continuation_body` (the original
 request, the text the client has as the start of the assistant's turn, `max_tokens` less the tokens sent)
+(as a /completions prompt rendered by the replica's own template where it has llama.cpp's POST /apply-template)
 to the tier's other replicas in rank order, then to the replicas of the later tiers the tenant may use,
 skipping the replica that just broke, within the tenant's `resume.max_attempts` and the retry budget. The
 first that answers streams on through a `ContinuationScanner`: the client sees one stream.
@@ -28,10 +29,11 @@ from gateway.backends.h1 import ClientFailure, Response, UpstreamClient
 from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import StreamEnd
 from gateway.backends.resume import Continuation, ContinuationScanner, continuation_body, not_resumable
-from gateway.backends.upstream import Retry, post
+from gateway.backends.upstream import Retry, post, read_answer
 from gateway.config import Replica, Tier
+from gateway.config.routes import Upstream
 from gateway.context import RequestContext
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.promfast import Counter
 from gateway.sse import SseScanner, StreamTally
@@ -60,9 +62,28 @@ class StreamResumes:
         self.client = client
         self.pool = pool
         self.count_tokens = count_tokens
+        self._chat_servers: set[str] = set()  # replicas without POST /apply-template: they continue a chat
         counter = Counter("gateway_stream_resumes", "Streams that broke after their first byte, by what the gateway "
                           "did: resumed elsewhere, or why not", ("outcome",), registry=metrics.registry)
         self.outcomes = {outcome: counter.labels(outcome) for outcome in OUTCOMES}
+
+    async def template(self, replica: Replica, body: dict[str, Any], settings: Upstream) -> str | None:
+        """The chat's prompt as `replica`'s own chat template renders it, from llama.cpp's POST /apply-template
+        (beside /v1), to continue on /completions; None for a server without that endpoint (vLLM, the emulator:
+        they continue a chat themselves), remembered per replica. Raises `Retry` as `upstream.post` does."""
+        if replica.name in self._chat_servers:
+            return None
+        root = replica.model_copy(update={"url": replica.url.rstrip("/").removesuffix("/v1")})
+        try:
+            response = await post(self.client, root, "/apply-template", orjson.dumps({"messages": body["messages"]}),
+                                  settings)
+            prompt = orjson.loads(await read_answer(response, replica)).get("prompt")
+        except (UpstreamStatus, orjson.JSONDecodeError, AttributeError):
+            prompt = None
+        if not isinstance(prompt, str):
+            self._chat_servers.add(replica.name)
+            return None
+        return prompt
 
     def for_request(self, ctx: RequestContext, held: Lease) -> StreamResumer | None:
         """The resumer of `ctx`'s stream (its first part holds `held`), None when its tenant turned resuming off."""
@@ -100,7 +121,7 @@ class StreamResumer:
             return None
         assert ctx.tier is not None
         self._tried.add(failed.name)
-        body = continuation_body(ctx.endpoint, ctx.body, "".join(tally.text or ()), tally.content_chunks, left)
+        text = "".join(tally.text or ())
         settings = ctx.config.routes.upstream
         budget = app.pool.retries
         for replica, tier in self._candidates(ctx.tier, ctx.prompt_tokens_est + tally.content_chunks):
@@ -114,7 +135,9 @@ class StreamResumer:
                          ctx.config.routes.balancing)
             response: Response | None = None
             try:  # until the relay takes them, this attempt owns the lease and the response (as proxy's)
-                response = await post(app.client, replica, PATHS[ctx.endpoint],
+                template = await app.template(replica, ctx.body, settings) if ctx.endpoint == "chat" else None
+                body = continuation_body(ctx.endpoint, ctx.body, text, tally.content_chunks, left, template)
+                response = await post(app.client, replica, PATHS["completions" if template else ctx.endpoint],
                                       orjson.dumps({**body, "model": replica.model}), settings,
                                       ctx.trace.headers() if ctx.trace is not None else None)
                 first = await first_bytes(response, replica)
@@ -128,7 +151,7 @@ class StreamResumer:
                             reason=err.error.message)
                 continue
             held.first_byte()
-            return self._switch(scanner, held, replica, tier, response, first, code)
+            return self._switch(scanner, held, replica, tier, response, first, code, template is not None)
         return self._count("no_replica", "no other replica could take it")
 
     def _refusal(self, tally: StreamTally) -> str | None:
@@ -147,7 +170,7 @@ class StreamResumer:
                 if replica.name not in self._tried]
 
     def _switch(self, scanner: SseScanner, held: Lease, replica: Replica, tier: Tier, response: Response,
-                first: bytes, code: str) -> Continuation:
+                first: bytes, code: str, completions: bool) -> Continuation:
         """Hand the relay the next part, and record it in the context."""
         ctx, tally = self._ctx, scanner.tally
         assert ctx.replica is not None and ctx.tier is not None
@@ -162,7 +185,7 @@ class StreamResumer:
         self._app.outcomes["resumed"].inc()
         self._held = held
         sent = tuple(part.sent_before for part in ctx.resumed_parts)
-        continued = ContinuationScanner(scanner, sent)
+        continued = ContinuationScanner(scanner, sent, completions=completions)
         return Continuation(response, first, continued, ResumedSink(ctx, held, self._app.count_tokens, sent))
 
     def _count(self, outcome: str, why: str) -> str:

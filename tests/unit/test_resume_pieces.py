@@ -123,3 +123,26 @@ def test_the_emulator_refuses_a_continuation_vllm_would_refuse(extra: dict, mess
     with pytest.raises(BadRequest) as err:
         parse_body(_chat(messages, 5, **extra), "chat")
     assert err.value.param == param
+
+
+def test_a_chat_continued_on_completions_sends_the_rendered_prompt_and_its_text() -> None:
+    """llama.cpp's llama-server with a built-in template: the chat as its template renders it, plus the text sent."""
+    body = continuation_body("chat", {**CHAT, "tools": [], "temperature": 0, "max_completion_tokens": 40},
+                             " The answer", 2, 38, template="<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n")
+    assert body["prompt"] == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n The answer"
+    assert "messages" not in body and "tools" not in body and "continue_final_message" not in body
+    assert body["max_tokens"] == 38 and "max_completion_tokens" not in body and body["temperature"] == 0
+
+
+def test_completion_chunks_of_a_continued_chat_become_chat_chunks() -> None:
+    first = SseScanner("chat", forward_usage=True, collect_text=True)
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "a"}
+    first.feed(_events({**head, "choices": [{"index": 0, "delta": {"content": " one"}}]}))
+    spliced = ContinuationScanner(first, (0, 1), completions=True)
+    other = {"id": "cmpl-9", "object": "text_completion", "created": 9, "model": "b"}
+    out = spliced.feed(_events({**other, "choices": [{"index": 0, "text": " two", "finish_reason": None}]},
+                               {**other, "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}))
+    events = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e]
+    assert [e["object"] for e in events] == ["chat.completion.chunk"] * 2 and events[0]["id"] == "chatcmpl-1"
+    assert events[0]["choices"][0]["delta"] == {"content": " two"} and events[1]["choices"][0]["finish_reason"] == "stop"
+    assert "".join(spliced.tally.text or ()) == " one two" and spliced.tally.finish_reason == "stop"
