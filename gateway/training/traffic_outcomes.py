@@ -9,10 +9,10 @@ Each line of each file is told apart by its fields:
 - a shadow pair (`from_tier`, `to_tier`, `prompt`; gateway.experiments.shadow.ShadowPair): the reference tier
   is the yardstick, so it scores 1 and the `from` tier scores the pair's judge grade when there is one, else
   the answers' agreement (cosine of their sentence embeddings, clipped to [0, 1]);
-- a feedback line (`"event": "feedback"` in the request log, or a stored feedback: `request_id`, `tier`,
-  `score`): the application's score for the answer of that tier. Feedback carries no prompt: it takes the
-  prompt of the shadow pair of the same request, or a `prompt` field an application added to its own export;
-  feedback without either is counted and left out;
+- a feedback line (`"event": "feedback"` in the request log, plain or gzip'd, or a stored feedback:
+  `request_id`, `tier`, `score`): the application's score for the answer of that tier. Feedback carries no
+  prompt: it takes the prompt of the shadow pair of the same request, or a `prompt` field an application added
+  to its own export; feedback without either is counted and left out;
 - anything else (the request log's other lines) is skipped.
 A tier is named by the measured model that stands for it (`tier_models`: the routes file's quality_model), so
 the fitted router predicts for the names the routes file routes on; a tier without one keeps its own name.
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from gateway.accounting.reader import open_log
 from gateway.training.outcomes import HELDOUT_SHARE, OutcomeRow, hash_split, parse_row, text_key
 
 TRAFFIC_TASK = "traffic"
@@ -120,18 +121,20 @@ def read_mixed(paths: Iterable[Path], tier_models: Mapping[str, str] | None = No
 
 
 def _objects(path: Path, counts: TrafficCounts) -> Iterable[tuple[int, dict[str, Any]]]:
-    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):  # prompts may hold U+2028
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            counts.malformed += 1
-            continue
-        if isinstance(row, dict):
-            yield n, row
-        else:
-            counts.malformed += 1
+    """The JSON objects of a file, line by line (a rotated request log may be gzip'd)."""
+    with open_log(path) as stream:
+        for n, line in enumerate(stream, 1):  # bytes: split at \n only (prompts hold U+2028)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                counts.malformed += 1
+                continue
+            if isinstance(row, dict):
+                yield n, row
+            else:
+                counts.malformed += 1
 
 
 def _add(traffic: dict[str, _Prompt], prompt: str, task: str, scores: Mapping[str, float], source: str) -> None:

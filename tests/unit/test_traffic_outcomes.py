@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,15 @@ def test_pairs_feedback_and_public_rows_become_outcome_rows(tmp_path: Path) -> N
     assert by_prompt["Prove it"].scores == {"m7b": 0.2, "m51b": 1.0}  # the judge's grade before the agreement
     assert by_prompt["An exported prompt"].scores == {"m51b": 0.5}
     assert by_prompt["Q?"].id == "p1" and all(r.split in ("train", "heldout") for r in rows)
+
+
+def test_a_rotated_gzip_log_is_read(tmp_path: Path) -> None:
+    pairs = jsonl(tmp_path / "pairs.jsonl", [json.dumps(pair("r1", "What\u2028is 2+2?", 0.9), ensure_ascii=False)])
+    log = tmp_path / "requests.log.1.gz"
+    log.write_bytes(gzip.compress((json.dumps(feedback("r1", "large", 0.5)) + "\n").encode()))
+    rows, counts = read_mixed([pairs, log], MODELS)
+    assert counts.feedback == 1 and rows[0].prompt == "What\u2028is 2+2?"
+    assert rows[0].scores == {"m7b": 0.9, "m51b": pytest.approx(0.75)}
 
 
 def test_without_a_tier_map_the_tier_names_stand(tmp_path: Path) -> None:
