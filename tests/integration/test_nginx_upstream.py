@@ -27,7 +27,8 @@ from tests.unit.h1_certs import Pki, make_pki
 from tests.unit.h1_scripted import JSON, client  # noqa: F401 (a fixture)
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
-pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed: `make nginx` installs Debian's")
+pytestmark = [pytest.mark.skipif(NGINX is None, reason="nginx is not installed: `make nginx` installs Debian's"),
+              pytest.mark.both_loops]
 
 CHAT = orjson.dumps({"model": "m", "max_tokens": 12, "messages": [{"role": "user", "content": "hello there"}]})
 STREAM = orjson.dumps({"model": "m", "max_tokens": 20, "stream": True,
