@@ -44,10 +44,11 @@ loadgen:
 	@command -v wrk >/dev/null 2>&1 || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
 	  $$s apt-get update -qq && $$s apt-get install -y -qq wrk >/dev/null; }
 
-# the upstream client's tests against a real server in front of a replica (tests/integration/test_nginx_*.py)
+# the upstream client's tests against a real server in front of a replica (tests/integration/test_nginx_*.py),
+# with TLS certificates made by the openssl CLI
 nginx:
-	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; \
-	  $$s apt-get update -qq && $$s apt-get install -y -qq nginx >/dev/null; }
+	@{ command -v nginx || [ -x /usr/sbin/nginx ]; } >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || \
+	  { s=""; [ "$$(id -u)" -ne 0 ] && s=sudo; $$s apt-get update -qq && $$s apt-get install -y -qq nginx openssl >/dev/null; }
 
 test: $(VENV)/.installed llama chromium loadgen nginx
 	$(BIN)/pytest
