@@ -13,6 +13,7 @@ import orjson
 import structlog
 from aiohttp import web
 
+from gateway.backends.tier_health import backends_health
 from gateway.body import JSON, read_body
 from gateway.context import RequestContext
 from gateway.errors import (
@@ -248,9 +249,12 @@ async def readyz(request: web.Request) -> web.Response:
     ready = gateway.path is not None and not draining
     redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
     status = "draining" if draining else "ready" if ready else "starting"
+    routes = gateway.config.routes
+    backends, by_tier = backends_health(gateway.pool, routes.tiers, routes.balancing.health_interval_s)
     body = {"status": status, "config_version": gateway.config.version, "tiers": list(gateway.config.tiers),
             "redis": redis, "limits": "global" if redis == "up" else "local",
-            "replicas": gateway.replicas.count if gateway.replicas else 1}
+            "replicas": gateway.replicas.count if gateway.replicas else 1,  # gateway processes sharing Redis
+            "backends": backends, "backend_tiers": by_tier}  # gateway.backends.tier_health: the rule
     return web.Response(body=orjson.dumps(body), status=200 if ready else 503, content_type=JSON)
 
 

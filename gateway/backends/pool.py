@@ -1,5 +1,6 @@
 """Replica choice inside a tier: the lowest predicted time to first token, power of two choices
-among near-ties, and the bookkeeping (`Lease`) that keeps each replica's live statistics."""
+among near-ties, exploration (a replica passed over for `explore_after_s` is tried again), and the
+bookkeeping (`Lease`) that keeps each replica's live statistics."""
 
 from __future__ import annotations
 
@@ -52,13 +53,36 @@ class ReplicaPool:
         """The fixed TTFT overhead of a replica not tried yet: its tier's mean (None: nothing seen)."""
         return _mean_overhead([self.state(r, tier) for r in tier.replicas])
 
-    def rank(self, tier: Tier, tokens: int, balancing: Balancing) -> tuple[Replica, ...]:
+    def rank(self, tier: Tier, tokens: int, balancing: Balancing, now: float | None = None) -> tuple[Replica, ...]:
         """The tier's available replicas, best first: lowest predicted TTFT for a prompt of `tokens`;
         among near-ties, the less loaded of two drawn at random (`near_tie` 0: no draw; exact ties go
         to the least recently picked). Open circuits and replicas failing their health checks are left
-        out (empty: none may be tried now)."""
+        out (empty: none may be tried now). Exploration: a replica not sent a request for
+        `explore_after_s` while others of its tier were is put first, once per such interval, so
+        predictions learned long ago (one bad sample) cannot keep it idle."""
         if balancing.strategy == "round_robin":
             return self._rotation(tier)
+        ranked = self._by_prediction(tier, tokens, balancing)
+        if balancing.explore_after_s <= 0 or len(ranked) < 2:
+            return ranked
+        stale = self._passed_over(tier, ranked, balancing.explore_after_s, time.monotonic() if now is None else now)
+        return ranked if stale is None else (stale, *(r for r in ranked if r is not stale))
+
+    def _passed_over(self, tier: Tier, ranked: tuple[Replica, ...], explore_after_s: float,
+                     now: float) -> Replica | None:
+        """The replica of `ranked` passed over longest, when that is `explore_after_s` or more while another
+        was picked within it (marked as probed: not again before another interval)."""
+        states = [self.state(r, tier) for r in ranked]
+        latest = max(s.picked_at for s in states)
+        if now - latest >= explore_after_s:
+            return None  # the tier was idle: nobody was passed over
+        since, i = min((max(s.picked_at, s.probed_at), i) for i, s in enumerate(states))
+        if now - since < explore_after_s:
+            return None
+        states[i].probed_at = now
+        return ranked[i]
+
+    def _by_prediction(self, tier: Tier, tokens: int, balancing: Balancing) -> tuple[Replica, ...]:
         states = [self.state(r, tier) for r in tier.replicas]
         prior = None if all(s.tried for s in states) else _mean_overhead(states)
         # (predicted TTFT, in flight, last pick, position, replica): exact ties keep the tier's order
@@ -95,9 +119,11 @@ class ReplicaPool:
         """Requests the tier's replicas run at once, when its replicas' batch slots are known."""
         return None if tier.slots_per_replica is None else tier.slots_per_replica * len(tier.replicas)
 
-    def retry_in(self, tier: Tier) -> float:
-        """Seconds until some replica of the tier may be tried again (for Retry-After)."""
-        return min((self.state(r, tier).breaker.retry_in() for r in tier.replicas), default=0.0)
+    def retry_in(self, tier: Tier, health_interval_s: float = 0.0) -> float:
+        """Seconds until some replica of the tier may be tried again (for Retry-After): the soonest end of a
+        circuit's cooldown or, for replicas failing their health checks, of the next check."""
+        now = time.monotonic()
+        return min((self.state(r, tier).retry_in(health_interval_s, now) for r in tier.replicas), default=0.0)
 
 
 def _mean_overhead(states: list[ReplicaStats]) -> float | None:
@@ -116,7 +142,7 @@ class Lease:
     estimated length, `cached` the part of it warm in the replica's prefix cache."""
 
     __slots__ = ("replica", "_balancing", "_state", "_own_tokens", "_work", "_queue_s", "_sent_at", "_first_at",
-                 "_held")
+                 "_estimated_at", "_held")
 
     def __init__(self, pool: ReplicaPool, replica: Replica, tier: Tier, tokens: int, cached: int,
                  balancing: Balancing) -> None:
@@ -128,15 +154,20 @@ class Lease:
         self._own_tokens = max(0, tokens - cached)
         self._sent_at = time.perf_counter()
         self._first_at: float | None = None
+        self._estimated_at: float | None = None
         self._held = True
         state.in_flight += 1
         state.pending_tokens += self._own_tokens
+        state.pending += 1
+        state.sent += 1
         state.last_pick = next(pool._picks)
+        state.picked_at = time.monotonic()
         state.breaker.on_send()
 
     @property
     def first_at(self) -> float | None:
-        return self._first_at
+        """When the first token came: seen (a stream), told by the server, or else estimated."""
+        return self._estimated_at if self._first_at is None else self._first_at
 
     def first_byte(self, at: float | None = None) -> None:
         """The replica started answering: its TTFT is a sample, its prompt no longer waits."""
@@ -144,20 +175,29 @@ class Lease:
             return
         self._first_at = time.perf_counter() if at is None else at
         self._state.pending_tokens -= self._own_tokens
-        self._state.observe_ttft(self._first_at - self._sent_at, self._work, self._queue_s, self._balancing.ewma_alpha)
+        self._state.pending -= 1
+        settings = self._balancing
+        self._state.observe_ttft(self._first_at - self._sent_at, self._work, self._queue_s, settings.ewma_alpha,
+                                 settings.explore_after_s)
 
-    def release(self, failed: bool = False, completion: int = 0) -> None:
-        """The attempt ended (`failed`: the replica's fault), after `completion` output tokens."""
+    def release(self, failed: bool = False, completion: int = 0, decode_s: float | None = None) -> None:
+        """The attempt ended (`failed`: the replica's fault), after `completion` output tokens. A non-streamed
+        answer's first token came `decode_s` before its end when the server says so (`server_decode_s`):
+        a TTFT sample; else its time is only estimated (`first_at`), and teaches neither TTFT nor TPOT."""
         if not self._held:
             return
         now = time.perf_counter()
         if self._first_at is None and not failed:
-            self.first_byte(self._estimated_first_byte(now, completion))
+            if decode_s is not None:
+                self.first_byte(max(self._sent_at, now - decode_s))
+            else:
+                self._estimated_at = self._estimated_first_byte(now, completion)
         self._held = False
         state, settings = self._state, self._balancing
         state.in_flight -= 1
         if self._first_at is None:
             state.pending_tokens -= self._own_tokens
+            state.pending -= 1
         if failed:
             state.breaker.on_failure(settings.breaker)
         else:
@@ -168,6 +208,7 @@ class Lease:
         state.observe_finish(now - self._sent_at, tpot, failed, settings.ewma_alpha)
 
     def _estimated_first_byte(self, now: float, completion: int) -> float:
-        """A non-streamed answer has no first byte: its end minus the output at the usual TPOT."""
+        """A non-streamed answer has no first byte: its end minus the output at the usual TPOT (for the
+        stages waiting for a first byte, such as the admission limiter; not a TTFT sample)."""
         decode = (completion - 1) * (self._state.tpot_s or 0.0) if completion > 1 else 0.0
         return max(self._sent_at, now - decode)

@@ -110,7 +110,7 @@ class Prober:
             healthy = isinstance(err, TimeoutError) and state.in_flight > 0 and state.healthy
         if healthy != state.healthy:
             log.warning("replica_health_changed", backend=replica.name, healthy=healthy)
-        state.healthy = healthy
+        state.healthy, state.checked_at = healthy, time.monotonic()
 
     async def scrape(self, tier: str, replica: Replica) -> None:
         now = time.monotonic()

@@ -13,12 +13,23 @@ now and then: not a queue), or, sooner, this gateway's own requests beyond the r
 slots (the tier's `slots_per_replica`, vLLM's --max-num-seqs). A replica
 not tried yet borrows its tier's mean overhead, else it would never be tried. Streaming traffic is
 ranked on TTFT itself, never on TTFT divided by output tokens.
+
+Samples are TTFTs only: a stream's first byte, or for a non-streamed answer its end minus the decode
+time the server itself reports (llama.cpp's `timings.predicted_ms`, `server_decode_s`). A non-streamed
+answer without such timings teaches the fit nothing (its end is not a first token: taking it for one made
+a replica that once answered a long non-streamed request look slow forever); it still counts in E2E.
+Old samples fade with time as well as with new samples: a sample that comes `gap` seconds after the
+previous one weighs at least 1 - exp(-gap / stale_s), so a replica probed again after a while
+(`ReplicaPool.rank`'s exploration) is judged on what it does now, not on one bad sample long ago.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.backends.breaker import CircuitBreaker
 
@@ -37,6 +48,24 @@ def estimate_tokens(chars: int) -> int:
 
 def ewma(old: float | None, sample: float, alpha: float) -> float:
     return sample if old is None else old + alpha * (sample - old)
+
+
+def server_decode_s(answer: Mapping[str, Any]) -> float | None:
+    """The seconds a non-streamed answer spent decoding, as the server reports it (llama.cpp's
+    `timings.predicted_ms`); None when it does not say."""
+    timings = answer.get("timings")
+    decode_ms = timings.get("predicted_ms") if isinstance(timings, Mapping) else None
+    if isinstance(decode_ms, (int, float)) and not isinstance(decode_ms, bool) and 0 <= decode_ms < math.inf:
+        return decode_ms / 1000
+    return None
+
+
+def sample_weight(alpha: float, gap_s: float | None, stale_s: float) -> float:
+    """The weight of a new sample `gap_s` after the previous one: `alpha`, or more when the previous
+    samples are old (1 - exp(-gap / stale_s)); `stale_s` 0: `alpha` only."""
+    if gap_s is None or stale_s <= 0:
+        return alpha
+    return max(alpha, 1.0 - math.exp(-gap_s / stale_s))
 
 
 @dataclass(slots=True)
@@ -103,13 +132,19 @@ class ReplicaStats:
     in_flight: int = 0
     last_pick: int = 0
     pending_tokens: int = 0  # prompt tokens of this gateway's requests still waiting for their first byte
+    pending: int = 0  # ... and those requests
+    sent: int = 0  # attempts sent to it since the gateway started
     ttft_s: float | None = None  # EWMAs of what this gateway observed
     tpot_s: float | None = None
     e2e_s: float | None = None
     fit: TtftFit = field(default_factory=TtftFit)
+    sampled_at: float | None = None  # time.monotonic() of the last TTFT sample
+    picked_at: float = 0.0  # time.monotonic() of the last request sent to it (0: none yet)
+    probed_at: float = 0.0  # ... of the last time the ranking put it first to try it again (exploration)
     failures: int = 0  # failed attempts since start
     error_rate: float = 0.0  # EWMA of 1 per failed attempt, 0 per good one
     healthy: bool = True  # the last active health check passed
+    checked_at: float = 0.0  # time.monotonic() of the last active health check (0: none yet)
     slots: int | None = None  # requests the backend runs at once (the tier's slots_per_replica)
     load: BackendLoad = field(default_factory=BackendLoad)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -156,13 +191,28 @@ class ReplicaStats:
     def available(self) -> bool:
         return self.healthy and self.breaker.available()
 
-    def observe_ttft(self, observed_s: float, work: int, queue_s: float, alpha: float) -> None:
-        """One TTFT seen for a request that had `work` prefill tokens and `queue_s` backend queue ahead.
-        Only requests sent with no queue ahead teach the fit: a queue's length is a guess, and the
-        fit must not mistake a passing queue for the replica's own overhead."""
-        self.ttft_s = ewma(self.ttft_s, observed_s, alpha)
+    def retry_in(self, health_interval_s: float, now: float | None = None) -> float:
+        """Seconds until it may be tried again: its circuit's cooldown, and, failing its health checks,
+        the next check (`health_interval_s` after the last one); 0 when it may be tried now."""
+        now = time.monotonic() if now is None else now
+        wait = self.breaker.retry_in(now)
+        if not self.healthy and health_interval_s > 0:
+            since = now - self.checked_at if self.checked_at else 0.0
+            wait = max(wait, health_interval_s - since)
+        return max(0.0, wait)
+
+    def observe_ttft(self, observed_s: float, work: int, queue_s: float, alpha: float, stale_s: float = 0.0,
+                     now: float | None = None) -> None:
+        """One TTFT seen for a request that had `work` prefill tokens and `queue_s` backend queue ahead,
+        weighed more when the last sample is old (`sample_weight`). Only requests sent with no queue
+        ahead teach the fit: a queue's length is a guess, and the fit must not mistake a passing queue
+        for the replica's own overhead."""
+        now = time.monotonic() if now is None else now
+        weight = sample_weight(alpha, None if self.sampled_at is None else now - self.sampled_at, stale_s)
+        self.sampled_at = now
+        self.ttft_s = ewma(self.ttft_s, observed_s, weight)
         if queue_s == 0:
-            self.fit.add(work, observed_s, alpha)
+            self.fit.add(work, observed_s, weight)
 
     def observe_finish(self, e2e_s: float, tpot_s: float | None, failed: bool, alpha: float) -> None:
         self.error_rate = ewma(self.error_rate, 1.0 if failed else 0.0, alpha)

@@ -341,6 +341,10 @@ class Balancing(Frozen):
     affinity_slack_ms: float = Field(default=50.0, ge=0, description="...and by at least this much")
     near_tie: float = Field(default=0.1, ge=0, description="predictions within this fraction are near-ties (P2C)")
     ewma_alpha: float = Field(default=0.2, gt=0, le=1, description="weight of a new TTFT/TPOT sample")
+    explore_after_s: float = Field(
+        default=5.0, ge=0, description="a replica not sent a request for this long is tried again (put first once), "
+        "and a TTFT sample after such a gap outweighs the old ones; 0: off"
+    )
     scrape_interval_s: float = Field(default=1.0, ge=0, description="backends' /metrics (vLLM names); 0: off")
     health_interval_s: float = Field(default=5.0, ge=0, description="active health checks; 0: off")
     breaker: Breaker = Breaker()

@@ -146,7 +146,7 @@ class RemoteEmbeddings:
             with leased(lease(ctx, self._pool, replica, tokens)) as held:
                 answer = await embed(self._client, replica, texts, dimensions, settings, headers)
             ctx.upstream_started = True
-            answered(ctx, held)  # an embedding is a first token: its latency feeds TTFT and the limiter
+            answered(ctx, held, decode_s=0.0)  # an embedding is a first token: its latency feeds TTFT and the limiter
             return answer
 
         return await failover(ctx, self._pool, self._metrics, attempt)

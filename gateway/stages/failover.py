@@ -35,8 +35,9 @@ async def failover(ctx: RequestContext, pool: ReplicaPool, metrics: GatewayMetri
     settings = ctx.config.routes.upstream
     if not ctx.candidates and ctx.tier is not None:
         ctx.error = "no_replica_available"
+        wait_s = pool.retry_in(ctx.tier, ctx.config.routes.balancing.health_interval_s)
         raise Overloaded(f"no replica of tier {ctx.tier.name!r} is available (circuit open or failing health "
-                         "checks)", code="no_replica_available", retry_after=pool.retry_in(ctx.tier))
+                         "checks)", code="no_replica_available", retry_after=wait_s)
     budget = pool.retries
     budget.on_request()
     last: GatewayError = UpstreamError("the tier has no replica to try")
@@ -82,10 +83,11 @@ def leased(held: Lease) -> Iterator[Lease]:
         raise
 
 
-def answered(ctx: RequestContext, held: Lease, completion: int = 0) -> None:
-    """A non-streamed answer arrived whole: end the lease (its first byte estimated from `completion`
-    output tokens) and tell the stages waiting for the first byte."""
-    held.release(completion=completion)
+def answered(ctx: RequestContext, held: Lease, completion: int = 0, decode_s: float | None = None) -> None:
+    """A non-streamed answer arrived whole: end the lease and tell the stages waiting for the first byte.
+    Its first token came `decode_s` before the end when known (the server's own timings; 0 for an answer
+    that is all first token, an embedding), else it is estimated from `completion` output tokens."""
+    held.release(completion=completion, decode_s=decode_s)
     first_byte(ctx, None, held.first_at)
 
 

@@ -19,6 +19,7 @@ from gateway.backends.h1 import Response, UpstreamClient
 from gateway.backends.idle import IdleWatchdog
 from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import SseRelay
+from gateway.backends.stats import server_decode_s
 from gateway.backends.upstream import Retry, post, read_answer
 from gateway.config import Replica
 from gateway.context import RequestContext
@@ -60,8 +61,8 @@ class ProxyStage:
             response = await self._post(ctx, replica)
             ctx.upstream_started = True
             if not ctx.stream:
-                reply = await _settle_json(ctx, response, replica)
-                answered(ctx, held, ctx.completion_tokens or 0)  # estimates when the first token came
+                reply, decode_s = await _settle_json(ctx, response, replica)
+                answered(ctx, held, ctx.completion_tokens or 0, decode_s)  # a TTFT sample only if the server timed it
                 return reply
             first = await first_bytes(response, replica)
             first_byte(ctx, held)
@@ -99,14 +100,15 @@ class ProxyStage:
                           ctx.config.routes.upstream, ctx.trace.headers() if ctx.trace is not None else None)
 
 
-async def _settle_json(ctx: RequestContext, response: Response, replica: Replica) -> JsonReply:
+async def _settle_json(ctx: RequestContext, response: Response, replica: Replica) -> tuple[JsonReply, float | None]:
+    """The answer for the client, and the seconds it spent decoding when the server says (`server_decode_s`)."""
     data = await read_answer(response, replica)
     ctx.first_token_at = time.perf_counter()
     try:
         answer = orjson.loads(data)
         if is_native(ctx):
             ctx.response_text = settle_native(ctx, answer)
-            return JsonReply(200, data)
+            return JsonReply(200, data), None
         choice = answer["choices"][0]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         raise Retry(UpstreamError(f"backend {replica.name} sent a malformed answer")) from None
@@ -119,7 +121,7 @@ async def _settle_json(ctx: RequestContext, response: Response, replica: Replica
     if cap is not None and ctx.response_text is not None and len(ctx.response_text) > cap:
         data = _trim_answer(answer, choice, ctx.response_text[:cap])
         ctx.response_text, ctx.finish_reason, ctx.output_capped = ctx.response_text[:cap], "length", True
-    return JsonReply(200, data)
+    return JsonReply(200, data), server_decode_s(answer)
 
 
 def _trim_answer(answer: dict[str, Any], choice: dict[str, Any], text: str) -> bytes:

@@ -25,7 +25,7 @@ def tier(name: str, urls: Sequence[str], *, precision: str = "int4", input_per_m
     })
 
 
-TEST_BALANCING = {"near_tie": 0.0, "health_interval_s": 0.0, "scrape_interval_s": 0.0}
+TEST_BALANCING = {"near_tie": 0.0, "explore_after_s": 0.0, "health_interval_s": 0.0, "scrape_interval_s": 0.0}
 
 
 def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = None,
@@ -36,8 +36,8 @@ def gateway_config(tiers: Sequence[Tier], *, policy: Mapping[str, Any] | None = 
 
     Redis calls get a generous budget: tests assert behaviour, and a loaded CI machine must not
     turn a slow GET into a cache miss (production keeps the default of a few ms). Replica choice is
-    deterministic unless `balancing` says otherwise: no random draw among near-ties, no background
-    health checks or /metrics scrapes (tests of those turn them on)."""
+    deterministic unless `balancing` says otherwise: no random draw among near-ties, no exploration of
+    replicas passed over, no background health checks or /metrics scrapes (tests of those turn them on)."""
     key_hash = hashlib.sha256(TEST_API_KEY.encode()).hexdigest()
     policy_data: dict[str, Any] = {
         "default_tier": tiers[0].name,
