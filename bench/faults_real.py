@@ -4,7 +4,8 @@
 
 Starts `gateway up` (what `make run` runs) on routes/local.yaml + policies/local.yaml with the replicas
 moved to free loopback ports, twice: first on a routes copy with a short `upstream.read_timeout_s` (the
-frozen-replica rows b, b2), then on the shipped values (all other rows). Faults go to the real child
+frozen-replica rows b, b2, and row s: a killed replica restarted by `gateway up`), then on the shipped
+values with `--no-restart` (all other rows: a killed replica stays dead). Faults go to the real child
 processes of that `gateway up` (found under /proc by parent pid): the llama.cpp servers (SIGKILL,
 SIGSTOP/SIGCONT) and the embedded Redis (SIGSTOP under traffic). Clients: the official `openai` SDK;
 aiohttp for the hostile raw bodies of issue 18 items 6-8. Each row: what the client received, the request
@@ -77,7 +78,7 @@ class StreamResult:
 class Gateway:
     """`gateway up` in a temp dir, and its child processes by port."""
 
-    def __init__(self, read_timeout_s: float | None) -> None:
+    def __init__(self, read_timeout_s: float | None, restart: bool) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="faults-real-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -93,7 +94,8 @@ class Gateway:
         (self.work / "routes.yaml").write_text(yaml.safe_dump(routes))
         self.command = [sys.executable, "-m", "gateway", "up", "--routes", str(self.work / "routes.yaml"),
                         "--policies", str(ROOT / "policies/local.yaml"), "--port", str(self.port),
-                        "--log-file", str(self.work / "requests.log"), "--backend-logs", str(self.work / "backends")]
+                        "--log-file", str(self.work / "requests.log"), "--backend-logs", str(self.work / "backends"),
+                        *([] if restart else ["--no-restart"])]
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -129,7 +131,7 @@ class Gateway:
     def replica_pid(self, name: str) -> int:
         port = str(self.replica_ports[name])
         for pid, argv in self.children():
-            if "llama_cpp.server" in argv and argv[argv.index("--port") + 1] == port:
+            if argv and argv[0].endswith("llama-server") and argv[argv.index("--port") + 1] == port:
                 return pid
         raise LookupError(f"no llama.cpp server of {name} (port {port}) under pid {self.process_pid}")
 
@@ -161,6 +163,8 @@ def describe(line: dict[str, Any] | None) -> str:
     extra += [f"tokens {line['prompt_tokens']}+{line['completion_tokens']}", f"${line['cost_usd']:.9f}"]
     if line.get("cache"):
         extra.append(f"cache {line['cache']}")
+    if line.get("resumed"):
+        extra.append("resumed")
     return f"{text} ({', '.join(extra)})"
 
 
@@ -287,7 +291,8 @@ async def killed_mid_stream(gw: Gateway, client: AsyncOpenAI, session: aiohttp.C
 async def frozen_mid_stream(gw: Gateway, client: AsyncOpenAI, session: aiohttp.ClientSession,
                             read_timeout_s: float) -> Row:
     row = Row("b", f"replica SIGSTOPped mid-stream, longer than read_timeout_s ({read_timeout_s:g} s), then SIGCONT",
-              "200, tokens so far, then error event `upstream_idle_timeout`; log 200 · upstream_error / "
+              "resumed on the other replica (Mid-stream failover): 200 to the end, log 200 · ok, resumed; else 200, "
+              "tokens so far, then error event `upstream_idle_timeout`; log 200 · upstream_error / "
               "upstream_idle_timeout")
     frozen: list[int] = []
 
@@ -309,9 +314,14 @@ async def frozen_mid_stream(gw: Gateway, client: AsyncOpenAI, session: aiohttp.C
     line = gw.lines({result.request_id}).get(result.request_id)
     row.client = stream_text(result) + f" ({waited:.1f} s in all)"
     row.log = describe(line)
-    expect(row, line, 200, "upstream_error", "upstream_idle_timeout")
-    if result.error is None or "upstream_idle_timeout" not in result.error:
-        row.findings.append("the client got no `upstream_idle_timeout` event")
+    if line is not None and line.get("resumed"):  # continued on the other replica from the text already sent
+        expect(row, line, 200, "ok", None)
+        if result.error is not None:
+            row.findings.append(f"resumed, yet the client got an error event: {result.error}")
+    else:
+        expect(row, line, 200, "upstream_error", "upstream_idle_timeout")
+        if result.error is None or "upstream_idle_timeout" not in result.error:
+            row.findings.append("the client got no `upstream_idle_timeout` event")
     # after SIGCONT the server answers again (directly, and through the gateway once its health probe passes)
     async with session.get(f"http://127.0.0.1:{gw.replica_ports[result.backend]}/v1/models") as response:
         row.serving = f"{result.backend} after SIGCONT: /v1/models {response.status}; "
@@ -424,6 +434,33 @@ async def refused(gw: Gateway, client: AsyncOpenAI, session: aiohttp.ClientSessi
             probed.findings.append(f"client got {text}")
     await serving(session, gw.url, probed)
     return [failover, none, probed]
+
+
+# (s) ------------------------------------------------------------------------------------------------
+async def restarted(gw: Gateway, client: AsyncOpenAI, session: aiohttp.ClientSession) -> Row:
+    row = Row("s", "large-f16-a (the tier's only replica) SIGKILLed while idle, under `gateway up`'s supervision",
+              "console: exited with code -9, restarting in 1 s, restarted, healthy again; log `backend_exited`; "
+              "back in the ranking; the next large-f16 request 200")
+    pid = gw.replica_pid("large-f16-a")
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    console = gw.work / "gateway.err"
+    while "backend large-f16-a is healthy again" not in console.read_text() and time.monotonic() - started < 60:
+        await asyncio.sleep(0.2)
+    healthy_s = time.monotonic() - started
+    said = [line.split("gateway up: ", 1)[1] for line in console.read_text().splitlines()
+            if line.startswith("gateway up: backend large-f16-a")]
+    ranked_s = await in_ranking(session, gw.url, ["large-f16-a"])
+    status, request_id, backend, text = await sdk_json(client, "large-f16", "Name a colour.")
+    row.client = f"{text} from {backend}, after the console said: " + "; ".join(said)
+    row.log = f"{len(gw.events('backend_exited'))} `backend_exited`; " + describe(gw.lines({request_id}).get(request_id))
+    row.serving = f"restarted and healthy {healthy_s:.1f} s after the kill, in the ranking {ranked_s:.1f} s later; "
+    if not said or "exited with code -9" not in said[0] or "healthy again" not in said[-1]:
+        row.findings.append("the console did not say exited / restarted / healthy again")
+    if gw.replica_pid("large-f16-a") == pid or ranked_s < 0 or status != 200:
+        row.findings.append(f"not back: pid {gw.replica_pid('large-f16-a')}, ranked {ranked_s:.1f}, status {status}")
+    await serving(session, gw.url, row)
+    return row
 
 
 # (d) ------------------------------------------------------------------------------------------------
@@ -576,7 +613,8 @@ async def run(gw: Gateway, short: bool) -> list[Row]:
         await sdk_json(client, "large-f16", "Hello.")
         if short:
             rows = [await frozen_mid_stream(gw, client, session, gw.read_timeout_s),
-                    await frozen_before(gw, client, session, gw.read_timeout_s)]
+                    await frozen_before(gw, client, session, gw.read_timeout_s),
+                    await restarted(gw, client, session)]
         else:
             rows = await hostile(gw, session)
             for case in (hang_up, redis_frozen, killed_mid_stream):
@@ -602,7 +640,7 @@ def main() -> int:
     started = time.perf_counter()
     rows: list[Row] = []
     for read_timeout_s in (args.read_timeout, None):  # frozen replicas first; then the shipped routes
-        gw = Gateway(read_timeout_s)
+        gw = Gateway(read_timeout_s, restart=read_timeout_s is not None)  # rows a, c*: a dead replica stays dead
         gw.start()
         try:
             rows += asyncio.run(asyncio.wait_for(run(gw, short=read_timeout_s is not None), RUN_BOUND_S))
