@@ -84,12 +84,23 @@ def _build(root: Path, jobs: int) -> None:
     source = _vendored_source(root)
     fetched = time.monotonic()
     build = root / "build"
+    cmake = _cmake()
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    _run(["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS])
-    _run(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)])
+    _run([cmake, "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS])
+    _run([cmake, "--build", str(build), "--target", *TARGETS, "-j", str(jobs)])
     done = time.monotonic()
     print(f"llama.cpp {VERSION}: sdist {fetched - started:.0f} s, build {done - fetched:.0f} s -> {build / 'bin'}",
           file=sys.stderr)
+
+
+def _cmake() -> str:
+    """The system's cmake, else the `cmake` package from PyPI in this environment (as scikit-build-core
+    did for llama-cpp-python's own build)."""
+    found = shutil.which("cmake")
+    if found:
+        return found
+    _run([sys.executable, "-m", "pip", "install", "-q", "cmake"])
+    return str(Path(sys.executable).parent / "cmake")
 
 
 def _vendored_source(root: Path) -> Path:
