@@ -37,7 +37,7 @@ from gateway.bench.report import ROOT, command_line, load_line, md_table, replac
 from gateway.classifier.encoder import EncoderSession
 from gateway.classifier.head import HeadSession, log_chars
 from gateway.classifier.prompt_features import feature_matrix
-from gateway.classifier.quality import QualityHead
+from gateway.classifier.quality_head import QualityHead
 from gateway.classifier.tokenize import PromptTokenizer
 from gateway.training.export import update_sums
 from gateway.training.outcomes import read_outcomes

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.classifier.quality import rubric_gate
+from gateway.classifier.quality_head import rubric_gate
 from gateway.training.route_metrics import (
     Interval, apgr, bootstrap_indices, paired_difference, random_summary, summarize,
 )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gateway.classifier.quality import blend_outputs, neighbour_means
+from gateway.classifier.quality_head import blend_outputs, neighbour_means
 from gateway.training.fit import _one_blas_thread, newton_logistic, standardization
 
 F64 = npt.NDArray[np.float64]

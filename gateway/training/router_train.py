@@ -28,7 +28,7 @@ import numpy as np
 
 from gateway.classifier.difficulty import file_sha256
 from gateway.classifier.prompt_features import NAMES
-from gateway.classifier.quality import ARRAYS, HEAD_FILE, Neighbours
+from gateway.classifier.quality_head import ARRAYS, HEAD_FILE, Neighbours
 from gateway.training.export import update_sums
 from gateway.training.outcomes import OutcomeRow, read_outcomes
 from gateway.training.router_data import DIFFICULTY_DIR, OutcomeSet, encoder_of, load_outcome_set

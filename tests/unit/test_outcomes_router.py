@@ -9,9 +9,8 @@ import pytest
 from gateway.classifier.difficulty import EncoderMismatch
 from gateway.classifier.encoder import EMBEDDING_DIM
 from gateway.classifier.prompt_features import COUNT, feature_matrix
-from gateway.classifier.quality import (
-    Neighbours, QualityHead, QualityPredictor, load_quality_predictor, neighbour_means, open_rubric, rubric_gate,
-)
+from gateway.classifier.quality import QualityPredictor, load_quality_predictor, open_rubric
+from gateway.classifier.quality_head import Neighbours, QualityHead, neighbour_means, rubric_gate
 from gateway.training.router_fit import blend, fit_linear, knn_predict
 from gateway.training.router_train import export_router
 
