@@ -1,6 +1,7 @@
 """Fitting, exporting and serving the quality router (router_fit, router_train.export_router, classifier.quality)."""
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,7 @@ def test_export_then_serve_gives_the_fitted_numbers(tmp_path: Path) -> None:
     x, y, texts = synthetic()
     router = fit_linear(x, y, ["small", "large"], 1.0)
     metrics = (ROOT / "models" / "router" / "metrics.json").read_text()
-    export_router(router, tmp_path, __import__("json").loads(metrics) | {"models": ["small", "large"]})
+    export_router(router, tmp_path, json.loads(metrics) | {"models": ["small", "large"]})
     head = QualityHead.load(tmp_path / "router.npz")
     assert head.models == ("small", "large")
     served = head.scores(x[:50, :EMBEDDING_DIM], texts[:50])
@@ -135,3 +136,14 @@ def test_a_gate_whose_difficulty_head_changed_is_refused(tmp_path: Path) -> None
     metrics = {"gate": {"h0": 0.2, "head_dir": "difficulty", "head_sha256": "0" * 64}}
     with pytest.raises(EncoderMismatch, match="retrain the router after the difficulty head"):
         open_rubric(metrics, folder)
+
+
+def test_a_refit_keeps_the_bench_numbers_only_for_the_same_procedure(tmp_path: Path) -> None:
+    x, y, _ = synthetic(200)
+    router = fit_linear(x, y, ["small", "large"], 1.0)
+    base = {"data": {"files": {"a.jsonl": "1"}}, "training": {"l2": 1.0, "seconds": 3}, "gate": {"h0": 0.5}}
+    export_router(router, tmp_path, base | {"evaluation": {"apgr": 0.7}})
+    export_router(router, tmp_path, base | {"training": {"l2": 1.0, "seconds": 9}})
+    assert json.loads((tmp_path / "metrics.json").read_text())["evaluation"] == {"apgr": 0.7}
+    export_router(router, tmp_path, base | {"data": {"files": {"ours.jsonl": "2"}}})
+    assert "evaluation" not in json.loads((tmp_path / "metrics.json").read_text())
