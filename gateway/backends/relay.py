@@ -6,7 +6,8 @@ then `[DONE]`. A stream that handed `[DONE]` to the client is complete (200, ok)
 does next: clients close it as soon as they read `[DONE]`. A stream the client left is settled with
 what was read from the backend, forwarded or not: those tokens were generated and are priced.
 A stream that breaks off (reset, EOF before [DONE], idle) goes on from its `Resumer`'s continuation when
-it gives one (issue 32: gateway.backends.resume); otherwise it ends with an error event saying why not.
+it gives one (issue 32: gateway.stages.resume, gateway.backends.resume); otherwise it ends with an error event
+saying why not.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import orjson
 
 from gateway.backends.h1 import ClientFailure, Response
 from gateway.backends.idle import IdleWatchdog
-from gateway.backends.resume import Continuation, Resumer
 from gateway.sse import SseScanner, StreamTally
 
 
@@ -53,6 +53,26 @@ class StreamSink(Protocol):
 
     def closed(self, tally: StreamTally, end: StreamEnd) -> None:
         """The relay is done, and the upstream released or dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """The next part of a broken stream: its upstream response, the first bytes read from it, the scanner
+    that splices it, and where the relay reports its end."""
+
+    response: Response
+    first: bytes
+    scanner: SseScanner
+    sink: StreamSink
+
+
+class Resumer(Protocol):
+    """Continues one request's broken stream elsewhere (the proxy stage builds it per request)."""
+
+    async def resume(self, scanner: SseScanner, code: str) -> Continuation | str | None:
+        """The stream `scanner` read broke (`code`): its continuation; why there is none; or None when nothing
+        was left to generate (every token asked for was sent, only the stream's end was lost)."""
+        ...
 
 
 class SseRelay:

@@ -22,17 +22,12 @@ Nothing here runs on a stream that never broke.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import orjson
 
-from gateway.backends.h1 import Response
 from gateway.sse import SseScanner, StreamTally
 from gateway.types import Endpoint
-
-if TYPE_CHECKING:
-    from gateway.backends.relay import StreamSink
 
 HEAD_FIELDS = ("id", "object", "created", "model")
 CHAT_ONLY = frozenset({"messages", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
@@ -127,23 +122,3 @@ def _chat_choice(choice: dict[str, Any]) -> dict[str, Any]:
     text = choice.get("text")
     return {"index": choice.get("index", 0), "delta": {"content": text} if text else {}, "logprobs": None,
             "finish_reason": choice.get("finish_reason")}
-
-
-@dataclass(frozen=True, slots=True)
-class Continuation:
-    """The next part of a broken stream: its upstream response, the first bytes read from it, the scanner
-    that splices it, and where the relay reports its end."""
-
-    response: Response
-    first: bytes
-    scanner: SseScanner
-    sink: StreamSink
-
-
-class Resumer(Protocol):
-    """Continues one request's broken stream elsewhere (the proxy stage builds it per request)."""
-
-    async def resume(self, scanner: SseScanner, code: str) -> Continuation | str | None:
-        """The stream `scanner` read broke (`code`): its continuation; why there is none; or None when nothing
-        was left to generate (every token asked for was sent, only the stream's end was lost)."""
-        ...

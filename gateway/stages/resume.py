@@ -27,8 +27,8 @@ import structlog
 
 from gateway.backends.h1 import ClientFailure, Response, UpstreamClient
 from gateway.backends.pool import Lease, ReplicaPool
-from gateway.backends.relay import StreamEnd
-from gateway.backends.resume import Continuation, ContinuationScanner, continuation_body, not_resumable
+from gateway.backends.relay import Continuation, StreamEnd
+from gateway.backends.resume import ContinuationScanner, continuation_body, not_resumable
 from gateway.backends.upstream import Retry, post, read_answer
 from gateway.config import Replica, Tier
 from gateway.config.routes import Upstream
