@@ -13,11 +13,14 @@ $(BIN)/python:
 
 # llama.cpp is built once, by the `llama` target (gateway/local/llama_build.py: llama-server for the local
 # tiers and the libllama that the llama_cpp binding loads, cached under ~/.cache/gateway/llama.cpp);
-# the binding (tokenizer, F16 conversion, training) is installed without compiling anything
+# the binding (tokenizer, F16 conversion, training) is installed first, without compiling anything and
+# without pip's wheel cache: a wheel without its library must not reach another project's install
 LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
+LLAMA_VERSION = $(shell $(PYTHON) -c 'from gateway.local.llama_build import VERSION; print(VERSION)')
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[dev,local,train]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir 'llama-cpp-python[server]==$(LLAMA_VERSION)'
+	$(BIN)/pip install -q -e '.[dev,local,train]'
 	touch $@
 
 # returns at once when this version and these flags are built; links the binding to the build

@@ -45,3 +45,13 @@ def test_the_binding_loads_this_builds_libraries(tmp_path: Path, monkeypatch: py
     (lib / "libllama.so").write_bytes(b"from the wheel")
     assert llama_build.link_binding(lib) == ["libllama.so", "libggml.so"]
     assert (lib / "libllama.so").resolve() == built / "libllama.so" and (lib / "libggml.so").read_bytes() == b"built"
+
+
+def test_the_build_and_the_binding_are_the_same_version() -> None:
+    """The `local` extra pins the binding; the build takes llama.cpp from that same sdist (its libllama is
+    what the binding loads, so the two must match)."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    [pin] = [d for d in pyproject["project"]["optional-dependencies"]["local"] if d.startswith("llama-cpp-python")]
+    assert pin.endswith(f"=={llama_build.VERSION}")
