@@ -23,6 +23,7 @@ import structlog
 
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.stats import BackendLoad
+from gateway.backends.urls import with_path
 from gateway.config import GatewayConfig, Replica
 
 UNSUPPORTED_RETRY_S = 60.0
@@ -103,7 +104,7 @@ class Prober:
     async def check_health(self, tier: str, replica: Replica) -> None:
         state = self._pool.state(replica, self._config().tiers.get(tier))
         try:
-            async with self._session.get(replica.url + "/models", timeout=PROBE_TIMEOUT) as response:
+            async with self._session.get(with_path(replica.url, "/models"), timeout=PROBE_TIMEOUT) as response:
                 healthy = response.status < 500
         except (aiohttp.ClientError, TimeoutError) as err:
             # busy is not down: llama.cpp answers /models only between two generations

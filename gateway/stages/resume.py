@@ -30,6 +30,7 @@ from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import Continuation, StreamEnd
 from gateway.backends.resume import ContinuationScanner, continuation_body, not_resumable
 from gateway.backends.upstream import Retry, post, read_answer
+from gateway.backends.urls import without_suffix
 from gateway.config import Replica, Tier
 from gateway.config.routes import Upstream
 from gateway.context import RequestContext
@@ -73,7 +74,7 @@ class StreamResumes:
         they continue a chat themselves), remembered per replica. Raises `Retry` as `upstream.post` does."""
         if replica.name in self._chat_servers:
             return None
-        root = replica.model_copy(update={"url": replica.url.rstrip("/").removesuffix("/v1")})
+        root = replica.model_copy(update={"url": without_suffix(replica.url, "/v1")})
         try:
             response = await post(self.client, root, "/apply-template", orjson.dumps({"messages": body["messages"]}),
                                   settings)
