@@ -111,10 +111,3 @@ def read_outcomes(paths: Iterable[Path], heldout_share: float = HELDOUT_SHARE) -
     if not rows:
         raise ValueError(f"no outcome rows in {', '.join(map(str, paths))}")
     return rows
-
-
-def train_router(rows: list[OutcomeRow], out_dir: Path, **options: Any) -> dict[str, Any]:
-    """Fit the quality router on `rows` and write it to `out_dir` (gateway.training.router_train.train_router)."""
-    from gateway.training.router_train import train_router as fit_and_export
-
-    return fit_and_export(rows, out_dir, **options)

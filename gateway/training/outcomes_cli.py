@@ -80,7 +80,7 @@ def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
     sources = Counter(r.source for r in rows)
     print(f"fitting on all {len(rows)} rows (measure on held-out data with bench/routing_outcomes.py); by source: "
           + ", ".join(f"{name} {n}" for name, n in sources.most_common()))
-    from gateway.training.outcomes import train_router
+    from gateway.training.router_train import train_router
 
     try:
         metrics = train_router(rows, args.out, **router_options(args))

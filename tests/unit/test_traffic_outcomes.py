@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from gateway.training import outcomes
+from gateway.training import router_train
 from gateway.training.outcomes import OutcomeRow
 from gateway.training.traffic_outcomes import read_mixed
 
@@ -90,7 +90,7 @@ def test_train_from_outcomes_fits_the_router_on_every_file(tmp_path: Path, monke
         seen.append((rows, out))
         return {"models": ["m7b", "m51b"], "training": {"seconds": 0.1}}
 
-    monkeypatch.setattr(outcomes, "train_router", fake_train)
+    monkeypatch.setattr(router_train, "train_router", fake_train)
     routes = tmp_path / "routes.yaml"
     routes.write_text("""
 tiers:
