@@ -55,7 +55,8 @@ class ReplicaPool:
 
     def rank(self, tier: Tier, tokens: int, balancing: Balancing, now: float | None = None) -> tuple[Replica, ...]:
         """The tier's available replicas, best first: lowest predicted TTFT for a prompt of `tokens`;
-        among near-ties, the less loaded of two drawn at random (`near_tie` 0: no draw; exact ties go
+        among near-ties (within `near_tie` of the best, or within the best one's own TTFT noise: a
+        difference its measurements cannot tell apart), the less loaded of two drawn at random (`near_tie` 0: no draw; exact ties go
         to the least recently picked). Open circuits and replicas failing their health checks are left
         out (empty: none may be tried now). Exploration: a replica not sent a request for
         `explore_after_s` while others of its tier were is put first, once per such interval, so
@@ -94,7 +95,8 @@ class ReplicaPool:
         ranked = tuple([entry[-1] for entry in scored])
         if len(scored) < 2 or balancing.near_tie == 0:
             return ranked
-        cutoff = scored[0][0] * (1 + balancing.near_tie) + NEAR_TIE_FLOOR_S
+        noise = states[scored[0][3]].ttft_dev_s or 0.0  # closer than the best one's own TTFT noise: a tie too
+        cutoff = scored[0][0] * (1 + balancing.near_tie) + max(NEAR_TIE_FLOOR_S, noise)
         near = [entry for entry in scored if entry[0] <= cutoff]
         if len(near) < 2:
             return ranked

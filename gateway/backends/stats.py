@@ -135,6 +135,7 @@ class ReplicaStats:
     pending: int = 0  # ... and those requests
     sent: int = 0  # attempts sent to it since the gateway started
     ttft_s: float | None = None  # EWMAs of what this gateway observed
+    ttft_dev_s: float | None = None  # ... and of how far each TTFT fell from the one before (its noise)
     tpot_s: float | None = None
     e2e_s: float | None = None
     fit: TtftFit = field(default_factory=TtftFit)
@@ -210,6 +211,8 @@ class ReplicaStats:
         now = time.monotonic() if now is None else now
         weight = sample_weight(alpha, None if self.sampled_at is None else now - self.sampled_at, stale_s)
         self.sampled_at = now
+        if self.ttft_s is not None:
+            self.ttft_dev_s = ewma(self.ttft_dev_s, abs(observed_s - self.ttft_s), weight)
         self.ttft_s = ewma(self.ttft_s, observed_s, weight)
         if queue_s == 0:
             self.fit.add(work, observed_s, weight)

@@ -52,14 +52,15 @@ async def _send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], 
 
 
 async def mixed_load(url: str, *, requests: int, concurrency: int, max_tokens: int, trigger_tokens: int,
-                     extra: dict[str, Any] | None = None) -> BalanceRun:
+                     run_name: str, extra: dict[str, Any] | None = None) -> BalanceRun:
     """The trigger (a non-streamed answer of `trigger_tokens`), then `requests` requests, every other one
-    streamed, `concurrency` at a time, each of `max_tokens`."""
+    streamed, `concurrency` at a time, each of `max_tokens`. Prompts start with `run_name`: a run finds none
+    of them in a server's prompt cache from an earlier run (which would make that server faster for them)."""
     run = BalanceRun()
     extra = extra or {}
 
     def body(i: int, stream: bool, tokens: int) -> dict[str, Any]:
-        text = f"Request {i}: write a short line about the number {i}."
+        text = f"{run_name}, request {i}: write a short line about the number {i}."
         return {"model": "t", "messages": [{"role": "user", "content": text}], "max_tokens": tokens,
                 "stream": stream, **extra}
 

@@ -25,7 +25,7 @@ async def run_on(replicas: int, stack: AsyncExitStack, start_gateway: StartGatew
             for i in range(replicas)]
     url = await start_gateway(gateway_config([tier("t", urls)], balancing=BALANCING))
     return await mixed_load(url, requests=40, concurrency=4, max_tokens=16, trigger_tokens=150,
-                            extra={"ignore_eos": True})
+                            run_name=f"{replicas} replicas", extra={"ignore_eos": True})
 
 
 async def test_two_replicas_share_a_mixed_load_and_beat_one(stack: AsyncExitStack,

@@ -107,3 +107,19 @@ def test_a_sample_after_a_long_gap_outweighs_the_old_ones() -> None:
     assert state.ttft_s == pytest.approx(0.1, abs=0.02) and state.overhead_s == pytest.approx(0.1, abs=0.02)
     assert sample_weight(0.2, 1.0, 0.0) == 0.2 and sample_weight(0.2, None, 5.0) == 0.2
     assert sample_weight(0.2, 5.0, 5.0) == pytest.approx(1 - math.exp(-1))
+
+
+def test_predictions_closer_than_the_ttft_noise_are_near_ties() -> None:
+    """Two identical llama.cpp servers measured 80 +- 60 ms and 150 +- 60 ms: the first was picked every time
+    its slots allowed (71 % of a mixed load); within the noise, the less loaded of the two is picked."""
+    pool = ReplicaPool(seed=3)
+    state_a, state_b = pool.state(A, TIER), pool.state(B, TIER)
+    for ttft in (0.02, 0.14) * 4:
+        state_a.observe_ttft(ttft, work=0, queue_s=0.0, alpha=0.2)
+        state_b.observe_ttft(ttft + 0.05, work=0, queue_s=0.0, alpha=0.2)
+    assert state_a.ttft_dev_s is not None and state_a.ttft_dev_s > 0.05
+    assert pool.predict(TIER, A, 0) < pool.predict(TIER, B, 0) < pool.predict(TIER, A, 0) * 1.1 + state_a.ttft_dev_s
+    take(pool, A)  # a busier
+    assert {pool.rank(TIER, 0, Balancing(near_tie=0.1, explore_after_s=0.0))[0] for _ in range(10)} == {B}
+    state_a.ttft_dev_s = 0.0  # no noise: a is simply faster
+    assert pool.rank(TIER, 0, Balancing(near_tie=0.1, explore_after_s=0.0))[0] == A
