@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from gateway.state import GATEWAY, Gateway
+from gateway.dashboard.replicas import replica_rows
 from gateway.dashboard.snapshot import snapshot
 from gateway.errors import AuthenticationFailed, error_body
 
@@ -65,5 +66,6 @@ async def data(request: web.Request) -> web.Response:
     gates = gateway.path.admission.gates if gateway.path is not None else {}
     redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
     body = snapshot(gateway.metrics.live, gateway.config, gates, redis)
+    body["replicas"] = replica_rows(gateway.pool, gateway.config)
     return web.Response(body=orjson.dumps(body), content_type="application/json",
                         headers={"Cache-Control": "no-store"})

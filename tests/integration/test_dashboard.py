@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from gateway.app import create_app
+from gateway.config import Tier
 from gateway.testing import TEST_API_KEY, TableScorer, gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
 
@@ -59,14 +60,37 @@ async def traffic(url: str, requests: int) -> None:
         await asyncio.gather(*(one(i) for i in range(requests)))
 
 
-async def start(start_emulator: StartEmulator, start_app: StartApp) -> str:
+EMBEDDER = Tier.model_validate({"name": "all-minilm-l6-v2", "precision": "fp32", "context_window": 256,
+                                "prices": {"input_per_mtok": 0.005, "output_per_mtok": 0},
+                                "embedder": {"kind": "minilm"}})
+IDLE = "idle-int8"  # a tier nothing is routed to
+
+
+async def start(start_emulator: StartEmulator, start_app: StartApp, slo_ms: float | None = 2000) -> str:
     tiers = [tier("small-int4", [f"{(await start_emulator('int4')).url}/v1"]),
-             tier("large-fp16", [f"{(await start_emulator('fp16')).url}/v1"], precision="fp16", output_per_mtok=8.0)]
+             tier("large-fp16", [f"{(await start_emulator('fp16')).url}/v1"], precision="fp16", output_per_mtok=8.0),
+             tier(IDLE, ["http://127.0.0.1:9/v1"], precision="int8"), EMBEDDER]
     sha = lambda key: hashlib.sha256(key.encode()).hexdigest()  # noqa: E731
-    config = gateway_config(tiers, policy={"routing": BANDS, "ttft_slo_ms": 2000,
-                                           "admin_api_key_sha256": sha(ADMIN_KEY),
+    slo = {} if slo_ms is None else {"ttft_slo_ms": slo_ms}
+    config = gateway_config(tiers, policy={"routing": BANDS, **slo, "admin_api_key_sha256": sha(ADMIN_KEY),
                                            "dashboard_viewer_keys_sha256": [sha(VIEWER_KEY)]})
     return await start_app(create_app(config, TableScorer(PROMPTS)))
+
+
+async def embeddings(url: str, requests: int) -> None:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as session:
+        for i in range(requests):
+            body = {"model": EMBEDDER.name, "input": f"embed sentence {i}"}
+            async with session.post(f"{url}/v1/embeddings", json=body) as response:
+                assert response.status == 200, await response.text()
+
+
+def cells(dom: str, table: str) -> list[dict[str, str]]:
+    """The rows of the table with id `table`, each as {data-field: text}."""
+    body = re.search(rf'<table id="{table}">.*?<tbody>(.*?)</tbody>', dom, re.S)
+    assert body, f"no table {table}"
+    return [dict(re.findall(r'<td data-field="([^"]+)">([^<]*)</td>', row))
+            for row in re.findall(r"<tr>(.*?)</tr>", body.group(1), re.S)]
 
 
 async def test_the_dashboard_needs_a_viewer_or_admin_key(start_emulator: StartEmulator, start_app: StartApp) -> None:
@@ -88,15 +112,27 @@ async def test_the_page_shows_live_data_in_a_real_browser(start_emulator: StartE
     chromium = browser()
     url = await start(start_emulator, start_app)
     await traffic(url, 60)
+    await embeddings(url, 4)
     page = f"{url}/dashboard?key={VIEWER_KEY}"
     dom = await run_chromium(chromium, tmp_path / "profile-dom", "--virtual-time-budget=8000", "--dump-dom", page)
     rows = dict(re.findall(r'<td data-field="tier">([^<]+)</td><td data-field="requests">(\d+)</td>', dom))
-    assert set(rows) == {"small-int4", "large-fp16"}, dom[-3000:]
-    assert sum(int(n) for n in rows.values()) == 60 and all(int(n) > 0 for n in rows.values())
+    assert set(rows) == {"small-int4", "large-fp16", EMBEDDER.name}, dom[-3000:]
+    assert sum(int(n) for n in rows.values()) == 64 and all(int(n) > 0 for n in rows.values())
     ttfts = re.findall(r'<td data-field="ttft_p50_ms">([0-9.]+)</td>', dom)
-    assert len(ttfts) == 2 and all(float(ms) > 0 for ms in ttfts)
+    assert len(ttfts) == 3 and all(float(ms) > 0 for ms in ttfts)
     assert dom.count('class="uplot') >= 6, "uPlot did not draw the charts"  # the vendored library ran
-    assert re.search(r'<td data-field="tenant">test-tenant</td><td data-field="requests">60</td>', dom)
+    assert re.search(r'<td data-field="tenant">test-tenant</td><td data-field="requests">64</td>', dom)
+    shares = {row["tier"]: row["share"] for row in cells(dom, "shares")}  # the routing table: every tier, a share
+    assert shares == {"small-int4": shares["small-int4"], "large-fp16": shares["large-fp16"], IDLE: "0.0 %",
+                      EMBEDDER.name: "6.3 %"}, shares  # 4 of 64
+    replicas = {row["replica"]: row for row in cells(dom, "replicas")}
+    assert set(replicas) == {"small-int4-0", "large-fp16-0", f"{IDLE}-0"}, replicas
+    for name in ("small-int4-0", "large-fp16-0"):
+        row = replicas[name]
+        assert (row["health"], row["in_flight"], row["awaiting_first_token"]) == ("up", "0", "0"), row
+        assert int(row["sent"]) > 0 and float(row["measured_ttft_ms"]) > 0 and float(row["predicted_ttft_ms"]) > 0
+    assert (replicas[f"{IDLE}-0"]["sent"], replicas[f"{IDLE}-0"]["measured_ttft_ms"]) == ("0", "-")
+    assert re.search(r'id="goodput-now">[0-9.]+ %<', dom)
     assert 'id="redis">off<' in dom and 'id="error"></span>' in dom
     shot = tmp_path / "dashboard.png"
     await run_chromium(chromium, tmp_path / "profile-shot", "--virtual-time-budget=8000", "--window-size=1400,1600",
@@ -104,6 +140,18 @@ async def test_the_page_shows_live_data_in_a_real_browser(start_emulator: StartE
     assert shot.stat().st_size > 20_000
     if target := os.environ.get("GATEWAY_DASHBOARD_SCREENSHOT"):  # refresh docs/dashboard.png by hand
         shutil.copy(shot, target)
+
+
+async def test_goodput_says_no_slo_when_the_policy_sets_none(start_emulator: StartEmulator, start_app: StartApp,
+                                                             tmp_path: Path) -> None:
+    """Without a TTFT SLO every served request would count as good: 100 % said nothing."""
+    chromium = browser()
+    url = await start(start_emulator, start_app, slo_ms=None)
+    await traffic(url, 6)
+    dom = await run_chromium(chromium, tmp_path / "profile", "--virtual-time-budget=8000", "--dump-dom",
+                             f"{url}/dashboard?key={VIEWER_KEY}")
+    assert 'id="goodput-now">no SLO<' in dom
+    assert {row["goodput"] for row in cells(dom, "tiers")} == {"no SLO"}
 
 
 @pytest.mark.parametrize("name", ["local", "emulator"])

@@ -72,7 +72,9 @@ function render(d) {
                                        dash: [8, 4] }));
   draw("panel-ttft", times, [...latencySeries(d, "ttft"), ...slos]);
   draw("panel-tpot", times, latencySeries(d, "tpot"));
-  draw("panel-goodput", times, [{ label: "goodput %", values: d.goodput.map(g => g === null ? null : 100 * g) }],
+  const slo = d.slos_ms.length > 0;  // without any TTFT SLO, "goodput" would only count the 200s
+  draw("panel-goodput", times, [{ label: slo ? "goodput %" : "no SLO",
+                                  values: d.goodput.map(g => g === null || !slo ? null : 100 * g) }],
        { yRange: [0, 100] });
   const refusals = Object.entries(d.refusals).map(([reason, values]) => ({ label: reason, values }));
   draw("panel-admission", times, refusals.length ? refusals : [{ label: "refused", values: times.map(() => 0) }]);
@@ -84,18 +86,24 @@ function render(d) {
     return [["tier", t], ["requests", s.requests], ["rps", fmt(s.rps, 2)], ["ok", s.ok], ["share", pct(s.share)],
             ["ttft_p50_ms", fmt(s.ttft_p50_ms, 1)], ["ttft_p99_ms", fmt(s.ttft_p99_ms, 1)],
             ["tpot_p50_ms", fmt(s.tpot_p50_ms, 1)], ["tpot_p99_ms", fmt(s.tpot_p99_ms, 1)],
-            ["goodput", pct(s.goodput)]];
+            ["goodput", slo ? pct(s.goodput) : "no SLO"]];
   }));
+  fillTable("replicas", (d.replicas || []).map(r => [
+    ["replica", r.replica], ["tier", r.tier], ["health", r.health], ["in_flight", r.in_flight],
+    ["awaiting_first_token", r.awaiting_first_token], ["backend_queue", fmt(r.backend_queue, 0)],
+    ["predicted_ttft_ms", fmt(r.predicted_ttft_ms, 1)], ["measured_ttft_ms", fmt(r.measured_ttft_ms, 1)],
+    ["sent", r.sent]]));
   fillTable("admission", Object.entries(d.admission).map(([t, a]) =>
     [["tier", t], ["limit", a.limit], ["in_flight", a.in_flight], ["queued", a.queued]]));
-  fillTable("shares", d.tiers.map(t => [["tier", t], ["share", pct(d.summary[t].share)]]));
+  // every configured tier, embedding tiers included: one without requests in the window has a share of 0
+  fillTable("shares", d.configured_tiers.map(t => [["tier", t], ["share", pct(d.summary[t] ? d.summary[t].share : 0)]]));
   fillTable("cache", Object.entries(d.cache).map(([status, n]) => [["status", status], ["requests", n]]));
   fillTable("tenants", d.tenants.map(t => [["tenant", t.tenant], ["requests", t.requests],
                                           ["cost_usd", fmt(t.cost_usd, 6)], ["saved_usd", fmt(t.saved_usd, 6)]]));
   const all = d.tiers.map(t => d.summary[t]);
   const total = all.reduce((n, s) => n + s.requests, 0);
   const good = all.reduce((n, s) => n + (s.goodput || 0) * s.requests, 0);
-  document.getElementById("goodput-now").textContent = total ? pct(good / total) : "-";
+  document.getElementById("goodput-now").textContent = !slo ? "no SLO" : total ? pct(good / total) : "-";
   document.getElementById("cache-ratio").textContent = pct(d.cache_hit_ratio);
   document.getElementById("redis").textContent = d.redis;
   document.getElementById("day").textContent = d.day || "";
