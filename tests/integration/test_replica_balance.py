@@ -33,5 +33,7 @@ async def test_two_replicas_share_a_mixed_load_and_beat_one(stack: AsyncExitStac
     one = await run_on(1, stack, start_gateway)
     two = await run_on(2, stack, start_gateway)
     shares = {name: round(two.share(name), 2) for name in ("t-0", "t-1")}
+    print(f"shares {shares} (trigger on {two.trigger_backend}); streams' p99 TTFT: two replicas "
+          f"{two.p99_ttft_s():.3f} s, one {one.p99_ttft_s():.3f} s")  # pytest -s: docs/BENCHMARKS.md
     assert all(0.35 <= share <= 0.65 for share in shares.values()), (shares, two.trigger_backend)
     assert two.p99_ttft_s() < one.p99_ttft_s(), (two.p99_ttft_s(), one.p99_ttft_s())
