@@ -75,7 +75,7 @@ def test_each_profile_serves_valid_routes_to_its_own_servers(profile: str) -> No
                 assert "--enable-prefix-caching" in args
                 assert server["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     mirror = load_routes(ROOT / "routes" / mirrored)
-    same = ("name", "precision", "context_window", "prices", "tokenizer")
+    same = ("name", "precision", "context_window", "prices", "tokenizer", "quality_model")
     assert [t.model_dump(include=set(same)) for t in config.routes.tiers] == [
         t.model_dump(include=set(same)) for t in mirror.tiers]
 
