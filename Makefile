@@ -18,9 +18,13 @@ $(BIN)/python:
 LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 LLAMA_VERSION = $(shell $(PYTHON) -c 'from gateway.local.llama_build import VERSION; print(VERSION)')
 
+# llama.cpp compiles on every core while pip installs (llama_build needs only the standard library and pip;
+# it returns at once when built); its output goes to $(VENV)/llama-build.log, printed if it fails
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir 'llama-cpp-python[server]==$(LLAMA_VERSION)'
-	$(BIN)/pip install -q -e '.[dev,local,train]'
+	$(BIN)/python -m gateway.local.llama_build > $(VENV)/llama-build.log 2>&1 & build=$$!; \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir 'llama-cpp-python[server]==$(LLAMA_VERSION)' \
+	  && $(BIN)/pip install -q -e '.[dev,local,train]'; installed=$$?; \
+	wait $$build || { cat $(VENV)/llama-build.log; exit 1; }; [ $$installed -eq 0 ]
 	touch $@
 
 # returns at once when this version and these flags are built; links the binding to the build

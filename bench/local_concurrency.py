@@ -1,12 +1,18 @@
 """Issue 31: the local tiers on llama.cpp's `llama-server` (parallel slots, continuous batching) against
 llama-cpp-python's server (one request at a time per replica), both as `make run` runs them.
 
-    .venv/bin/python bench/local_concurrency.py [--requests 24] [--max-tokens 64]
+    .venv/bin/python bench/local_concurrency.py [--requests 24] [--max-tokens 64] [--stacks old,new,two-threads]
     .venv/bin/python bench/local_concurrency.py --sweep   # one small-q4 llama-server: --parallel x --threads
+    .venv/bin/python bench/local_concurrency.py --stacks new,two-threads --background-spin   # a core wanted
 
-`new` is routes/local.yaml as shipped; `old` is the same file with one slot per server, served as before
-issue 31 (the launcher of commit OLD_LAUNCHER: `python -m llama_cpp.server`, one request at a time, the
-`llama-cpp-python[server]` extra; its libllama is this build's, so only the server differs). Each stack runs behind `gateway serve` with policies/local.yaml.
+Stacks, each on this machine's two cores:
+- `new`: routes/local.yaml as shipped (two one-thread small-q4 llama-servers with two slots each);
+- `old`: the same file with one slot per server, served as before issue 31 (the launcher of commit
+  OLD_LAUNCHER: llama-cpp-python's `python -m llama_cpp.server`, one request at a time, the
+  `llama-cpp-python[server]` extra; its libllama is this build's, so only the server differs);
+- `two-threads`: the small tier as one llama-server with two threads and four slots (the fastest layout on
+  two idle cores, and the one that collapses when anything else wants a core: docs/BENCHMARKS.md).
+Every other tier as shipped. Each stack runs behind `gateway serve` with policies/local.yaml.
 Load: a closed loop of C concurrent streams to one tier, each prompt unique (no prompt-cache reuse), answers
 `max_tokens` long (`ignore_eos`, which llama-cpp-python's server ignores: its answers may end sooner; tokens/s
 counts the tokens actually produced). Usage comes from each stream's usage chunk.
@@ -102,15 +108,25 @@ def old_command(launch: LlamaCppLaunch, alias: str, port: str) -> list[str]:
             "--interrupt_requests", "false"]
 
 
+STACKS = ("old", "new", "two-threads")
+
+
 def stack_routes(kind: str, work: Path) -> Path:
+    """routes/local.yaml as `kind` serves it: `new` as shipped, `old` with one request at a time per server,
+    `two-threads` with the small tier as one server of two threads and four slots."""
+    if kind not in STACKS:
+        raise SystemExit(f"--stacks: unknown stack {kind!r} (known: {', '.join(STACKS)})")
     shipped = yaml.safe_load((ROOT / "routes/local.yaml").read_text())
     for tier in shipped["tiers"]:
-        if kind == "old" and "slots_per_replica" in tier:
-            tier["slots_per_replica"] = 1  # one request at a time
+        if kind == "two-threads" and tier["name"] == "small-q4":
+            tier["replicas"] = tier["replicas"][:1]
+            tier["replicas"][0]["launch"] |= {"n_threads": 2, "parallel": 4}
+            tier["slots_per_replica"] = 4
         for replica in tier.get("replicas", []):
             replica["url"] = f"http://127.0.0.1:{free_port()}/v1"
             if kind == "old":
                 replica["launch"].pop("parallel", None)
+                tier["slots_per_replica"] = 1  # one request at a time
     path = work / f"routes-{kind}.yaml"
     path.write_text(yaml.safe_dump(shipped))
     return path
@@ -118,7 +134,7 @@ def stack_routes(kind: str, work: Path) -> Path:
 
 def start_stack(kind: str, routes_path: Path, logs: Path) -> list[Child]:
     routes = load_routes(routes_path)
-    if kind == "new":
+    if kind != "old":
         return start_children(routes, logs)
     children = []
     logs.mkdir(parents=True, exist_ok=True)
@@ -132,9 +148,18 @@ def start_stack(kind: str, routes_path: Path, logs: Path) -> list[Child]:
     return children
 
 
-async def gateway_ready(url: str) -> None:
+async def gateway_ready(url: str, timeout_s: float = 120.0) -> None:
+    """/readyz answers 200 and says every backend is ready (its first health probe may precede a server's start:
+    that replica is out of the ranking until the next probe)."""
+    deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:
-        await wait_ready(session, url, timeout_s=120.0, every_s=0.5)
+        await wait_ready(session, url, timeout_s=timeout_s, every_s=0.5)
+        while time.monotonic() < deadline:
+            async with session.get(f"{url}/readyz") as response:
+                if (await response.json()).get("backends") == "ready":
+                    return
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"{url}: not every backend ready within {timeout_s:g} s")
 
 
 def run_stack(kind: str, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
@@ -201,26 +226,35 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--stacks", default="old,new")
+    parser.add_argument("--background-spin", action="store_true",
+                        help="one busy loop at nice 19 beside the stacks (anything else that wants a core)")
+    parser.add_argument("--stacks", default="old,new", help=f"comma-separated, of {', '.join(STACKS)}")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"# local tiers, concurrency  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  nproc={os.cpu_count()}"
-          f"  loadavg={load[0]:.2f}  requests={args.requests}  max_tokens={args.max_tokens}\n")
+          f"  loadavg={load[0]:.2f}  requests={args.requests}  max_tokens={args.max_tokens}"
+          f"{'  + a nice-19 busy loop' if args.background_spin else ''}\n")
     if args.sweep:
         sweep(args)
         return
     work = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
-    rows = [row for kind in args.stacks.split(",") for row in run_stack(kind, args, work)]
+    spinner = (subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+               if args.background_spin else None)
+    try:
+        rows = [row for kind in args.stacks.split(",") for row in run_stack(kind, args, work)]
+    finally:
+        if spinner is not None:
+            spinner.kill()
     print("| stack | load | slots | requests ok / shed | output tokens/s | tokens per server CPU-s | TTFT p50 ms | "
           "TTFT p99 ms | TPOT p50 ms |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['stack']} | {r['load']} | {r['slots']} | {r['ok']} / {r['shed']} | {r['tok_s']:.1f} | "
               f"{r['tok_per_cpu_s']:.1f} | {r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['tpot_p50']:.1f} |")
-    base = {r["load"][:3]: r for r in rows if r["stack"] == "old" and r["tok_s"] > 0}
+    base = next((r for r in rows if r["stack"] == "old" and r["load"] == "c=4" and r["tok_s"] > 0), None)
     for r in rows:
-        if r["stack"] == "new" and r["load"].startswith("c=4") and "c=4" in base:
-            print(f"\naggregate tokens/s at c=4, new / old: {r['tok_s'] / base['c=4']['tok_s']:.2f}x")
+        if base is not None and r["stack"] != "old" and r["load"] == "c=4":
+            print(f"aggregate tokens/s at c=4, {r['stack']} / old: {r['tok_s'] / base['tok_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ and the token prices that follow from a documented CPU-hour cost.
 
     .venv/bin/python bench/local_tiers.py [--requests 5]
 
-Each tier runs one llama.cpp server with one thread (as in routes/local.yaml). Requests are
+Each tier runs one llama.cpp server with one thread (prices are per vCPU-second). Requests are
 streamed one at a time (a llama.cpp server serves one request at a time); every prompt starts
 with a unique prefix so llama.cpp's prompt cache cannot skip its prefill.
 """
@@ -109,9 +109,11 @@ def main() -> None:
     args = parser.parse_args()
 
     shipped = yaml.safe_load((ROOT / "routes/local.yaml").read_text())
+    shipped["tiers"] = [t for t in shipped["tiers"] if t.get("replicas")]  # the llama.cpp tiers, not the embedder
     for tier in shipped["tiers"]:
         tier["replicas"] = tier["replicas"][:1]
         tier["replicas"][0]["url"] = f"http://127.0.0.1:{free_port()}/v1"
+        tier["replicas"][0]["launch"]["n_threads"] = 1  # prices are per vCPU: one thread per server
     work = Path(tempfile.mkdtemp(prefix="bench-local-"))
     (work / "routes.yaml").write_text(yaml.safe_dump(shipped))
     routes = load_routes(work / "routes.yaml")
@@ -157,7 +159,7 @@ def report(rows: list[dict[str, Any]], startup: float, long_tokens: int, args: a
         prefill = long_tokens / (float(pick[("1k", "direct")]["ttft_p50_ms"]) / 1000)
         print(f"| {tier} | {added[0]:+.1f} / {added[1]:+.1f} | {decode:.1f} | {prefill:.0f} | "
               f"{usd_per_vcpu_s / decode * 1e6:.3f} | {usd_per_vcpu_s / prefill * 1e6:.4f} |")
-    print(f"\nstart-up of `gateway up` (routes/local.yaml, 3 llama.cpp servers, models built): {startup:.2f} s")
+    print(f"\nstart-up of `gateway up` (routes/local.yaml, models built): {startup:.2f} s")
     print(f"prices: one server uses one of the VM's {VCPUS} vCPUs at ${VM_USD_PER_HOUR}/h; "
           "USD per 1M tokens = vCPU-seconds per token x vCPU price")
 
