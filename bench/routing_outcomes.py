@@ -178,6 +178,12 @@ def latency(runs: int = 400) -> dict[str, Any]:
                    "per_cpu_second": round(1e3 / max(float(np.mean(cpu[name])), 1e-6), 1)} for name in names}
 
 
+def latency_table(lat: dict[str, Any]) -> str:
+    return md_table(["path", "wall p50 ms", "wall p99 ms", "CPU ms each", "prompts per CPU-second"],
+                    [[k, v["p50_ms"], v["p99_ms"], v["cpu_ms_mean"], v["per_cpu_second"]] for k, v in lat.items()],
+                    "--- ---: ---: ---: ---:")
+
+
 def markdown(result: dict[str, Any]) -> str:
     h, loto, loso = result["hash"], result["loto"], result["loso"]
     parts = [f"Command: `{result['command']}` ({result['when']}; {result['load']}). Bootstrap: {result['rounds']} "
@@ -202,9 +208,7 @@ def markdown(result: dict[str, Any]) -> str:
     lat = result["latency"]
     parts += ["", "**Serving cost** (cold prompts of 128 tokens, one at a time, one CPU thread (ONNX Runtime intra-op "
               "1), the shipped files; wall time suffers from the machine's load, the thread's CPU time much less):",
-              "", md_table(["path", "wall p50 ms", "wall p99 ms", "CPU ms each", "prompts per CPU-second"],
-                           [[k, v["p50_ms"], v["p99_ms"], v["cpu_ms_mean"], v["per_cpu_second"]] for k, v in lat.items()],
-                           "--- ---: ---: ---: ---:")]
+              "", latency_table(lat)]
     parts += ["", "**Selection** of the blend weight alpha (router = alpha · logistic + (1 − alpha) · kNN) and the "
               "rubric gate h0 (quality = 1 − h/(h + h0) · (1 − router)): mean APGR over the four pairs on 4 validation "
               "folds of the hash split's training rows (the test rows unseen), and the share of the hand-written pairs "
@@ -232,7 +236,12 @@ def main() -> int:
     p.add_argument("--outcomes", type=Path, default=ROOT.parent / "shared" / "outcomes")
     p.add_argument("--cache", type=Path, default=Path("/tmp/gateway-router-cache"))
     p.add_argument("--no-docs", action="store_true", help="print only; leave docs and metrics.json alone")
+    p.add_argument("--latency-only", type=int, metavar="RUNS", default=0,
+                   help="only the serving cost table, on RUNS cold prompts (docs untouched)")
     args = p.parse_args()
+    if args.latency_only:
+        print(f"{command_line()} ({stamp()}; {load_line()})\n\n{latency_table(latency(args.latency_only))}")
+        return 0
     started = time.perf_counter()
     rows = read_outcomes(sorted(args.outcomes.glob("*.jsonl")))
     data = load_outcome_set(rows, cache_dir=args.cache)
