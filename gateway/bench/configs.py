@@ -8,15 +8,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def routes_yaml(tiers: Mapping[str, Sequence[tuple[str, str]]], redis_op_timeout_ms: float | None = None) -> str:
-    """A routes file: tier name -> [(replica name, base URL)], every tier int4-priced, emulator tokenizer."""
+def routes_yaml(tiers: Mapping[str, Sequence[tuple[str, str]]], redis_op_timeout_ms: float | None = None,
+                quality_models: Mapping[str, str] | None = None) -> str:
+    """A routes file: tier name -> [(replica name, base URL)], every tier int4-priced, emulator tokenizer;
+    `quality_models`: tier name -> the measured model a policy's quality_floor predicts for it."""
     lines = ["upstream: {connect_timeout_s: 2, read_timeout_s: 30, max_attempts: 2}"]
     if redis_op_timeout_ms is not None:
         lines.append(f"redis: {{op_timeout_ms: {redis_op_timeout_ms}}}")
     lines.append("tiers:")
+    measured = quality_models or {}
     for name, replicas in tiers.items():
         lines += [f"  - name: {name}", "    precision: int4", "    context_window: 1048576",
                   "    prices: {input_per_mtok: 0.05, output_per_mtok: 0.20}", "    tokenizer: emulator",
+                  *([f"    quality_model: {measured[name]}"] if name in measured else []),
                   "    replicas:"]
         lines += [f'      - {{name: {r}, url: "{url}", model: emulated}}' for r, url in replicas]
     return "\n".join(lines) + "\n"
