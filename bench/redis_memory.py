@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from gateway.cache.answers import CachedAnswer
 from gateway.cache.keys import response_key
+from gateway.reading import read
 from gateway.local.redis_server import EmbeddedRedis
 
 BATCH = 1000
@@ -31,7 +32,9 @@ def entry(index: int, answer_chars: int, rng: random.Random) -> tuple[str, bytes
                          {"role": "user", "content": prompt}]}
     text = "".join(rng.choice(LETTERS) for _ in range(answer_chars))
     answer = CachedAnswer(text, "stop", 80, answer_chars // 4, "llama-3.1-8b-awq")
-    return response_key("tenant-a", "small-int4", "chat", body), answer.to_bytes()
+    reading = read("chat", body)
+    reading.limit(512, ())
+    return response_key("tenant-a", "small-int4", reading), answer.to_bytes()
 
 
 WORDS = ["latency", "replica", "budget", "prefix", "stream", "token", "gateway", "cluster", "policy", "cache"]

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
 from gateway.config.tenants import Assignment
 from gateway.quality_routing import QualityChoice
+from gateway.reading import CHARS_PER_TOKEN, Reading
 from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
 
@@ -36,8 +37,10 @@ class RequestContext:
     started: float  # time.perf_counter() when the request reached the gateway
     ts: float  # wall-clock time of the same moment
     wire: ClientWire | None = None  # the client's protocol when not OpenAI chat/completions (translated at the edge)
+    path: str | None = None  # the request's path, as logged (None: refused before aiohttp read it)
 
     body: dict[str, Any] = field(default_factory=dict)
+    reading: Reading | None = None  # what the request asks, read once by parse: stages decide from it
     model_requested: str | None = None
     stream: bool = False
     client_wants_usage: bool = False
@@ -70,6 +73,7 @@ class RequestContext:
     cached_tokens: int = 0  # prompt tokens the backend served from its prefix cache (when it says)
     completion_tokens: int | None = None
     usage_source: UsageSource | None = None
+    priced_from: str | None = None  # how the backend's work was priced (accounting: PRICED_FROM); None: it did none
     stop_sequence: str | None = None  # the stop sequence the backend said ended the answer (protocols.base)
     output_chunks: int = 0  # streamed chunks with content: one token each on llama.cpp and vLLM
     response_text: str | None = None  # the answer's text: non-streamed, or streamed while caching or keep_text
@@ -95,6 +99,13 @@ class RequestContext:
     @property
     def tenant_name(self) -> str:
         return self.tenant.name if self.tenant else "anonymous"
+
+    def input_tokens_est(self) -> int:
+        """All the input's tokens, estimated (`Reading.input_tokens`: text, tools, media, token ids), at least 1;
+        before parse, from the prompt's text."""
+        if self.reading is not None:
+            return max(1, self.reading.input_tokens)
+        return max(1, len(self.prompt_text()) // CHARS_PER_TOKEN)
 
     def prompt_text(self) -> str:
         """The prompt as plain text (messages' text parts joined), for limits, classifying and affinity.

@@ -11,14 +11,15 @@ from typing import Any
 import orjson
 
 from gateway.backends.pool import ReplicaPool
-from gateway.cache.keys import UNCACHEABLE, cacheable, response_key, scope_of
+from gateway.backends.urls import redact_url
+from gateway.cache.keys import response_key, scope_of, uncached_reasons
 from gateway.cache.responses import ResponseCache
 from gateway.config import GatewayConfig, Replica, TenantPolicy
-from gateway.config.policies import CacheRule
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.parse import ParseStage
+from gateway.reading import Reading
 from gateway.stages.policy import apply_limits
 from gateway.stages.route import RouteStage
 from gateway.stages.session import SessionStage
@@ -48,8 +49,8 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
         await ParseStage()(ctx)
         asked = ctx.max_tokens
         ctx.tenant = tenant
-        prompt_chars = apply_limits(ctx, tenant)
-        report["limits"] = _limits(tenant, asked, ctx.max_tokens, prompt_chars)
+        reading = apply_limits(ctx, tenant)
+        report["limits"] = _limits(tenant, asked, ctx.max_tokens, reading)
         await ClassifyStage(scorer, predictor)(ctx)
         report["difficulty"] = ctx.difficulty
         report["bands"] = [band.model_dump() for band in tenant.routing.bands] if tenant.routing else None
@@ -68,10 +69,12 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
     return report
 
 
-def _limits(tenant: TenantPolicy, asked: int | None, applied: int | None, prompt_chars: int) -> dict[str, Any]:
+def _limits(tenant: TenantPolicy, asked: int | None, applied: int | None, reading: Reading) -> dict[str, Any]:
     return {
         "max_tokens": {"asked": asked, "applied": applied, **tenant.max_tokens.model_dump()},
-        "prompt_chars": prompt_chars, "max_prompt_chars": tenant.max_prompt_chars,
+        "prompt_chars": reading.input_chars, "max_prompt_chars": tenant.max_prompt_chars,
+        "prompt_tokens_est": reading.input_tokens, "max_prompt_tokens": tenant.max_prompt_tokens,
+        "outputs": reading.outputs, "rate_limit_charge": reading.charge(),
         "output_cap": tenant.output_cap.model_dump() if tenant.output_cap else None,
         "stop": list(tenant.stop), "priority": tenant.priority, "ttft_slo_ms": tenant.ttft_slo_ms,
         "rate_limit": tenant.rate_limit.model_dump() if tenant.rate_limit else None,
@@ -95,27 +98,12 @@ def _quality(ctx: RequestContext, tenant: TenantPolicy, predictor: QualityPredic
     return report
 
 
-def why_not_cached(body: dict[str, Any], rule: CacheRule) -> list[str]:
-    """Each condition of `gateway.cache.keys.cacheable` the request fails ([] when it is cacheable)."""
-    reasons = []
-    if not rule.enabled:
-        reasons.append("caching is off for the tenant (cache.enabled: false)")
-    reasons += [f"the request sets {name!r}, whose answers a stored text cannot replay" for name in UNCACHEABLE
-                if body.get(name)]
-    if body.get("n", 1) != 1:
-        reasons.append(f"n is {body.get('n')!r}: only single answers (n = 1) are cached")
-    if rule.mode != "always" and body.get("temperature") != 0 and not isinstance(body.get("seed"), int):
-        temperature = "not set" if body.get("temperature") is None else f"{body.get('temperature')!r}"
-        reasons.append(f"not deterministic: temperature is {temperature} (not 0) and there is no integer seed "
-                       "(cache.mode: deterministic caches only those)")
-    return reasons
-
-
 async def _cache(ctx: RequestContext, tenant: TenantPolicy, responses: ResponseCache | None) -> dict[str, Any]:
-    if not cacheable(ctx.body, tenant.cache):
-        return {"status": "bypass", "why": why_not_cached(ctx.body, tenant.cache)}
-    assert ctx.tier is not None
-    key = response_key(scope_of(tenant.name, tenant.cache), ctx.tier.name, ctx.endpoint, ctx.body)
+    assert ctx.tier is not None and ctx.reading is not None
+    why = uncached_reasons(ctx.reading, tenant.cache)
+    if why:
+        return {"status": "bypass", "why": why}
+    key = response_key(scope_of(tenant.name, tenant.cache), ctx.tier.name, ctx.reading)
     if responses is None:
         return {"status": "not checked (no Redis)", "key": key}
     return {"status": "hit" if await responses.get(key) else "miss", "key": key}
@@ -126,6 +114,6 @@ def _candidate(pool: ReplicaPool, ctx: RequestContext, replica: Replica) -> dict
     assert ctx.tier is not None
     state = pool.state(replica, ctx.tier)
     predicted = pool.predict(ctx.tier, replica, ctx.prompt_tokens_est)
-    return {"replica": replica.name, "url": replica.url, "in_flight": state.in_flight,
+    return {"replica": replica.name, "url": redact_url(replica.url), "in_flight": state.in_flight,
             "predicted_ttft_ms": round(predicted * 1000, 3), "circuit": state.breaker.state,
             "healthy": state.healthy, "recent_failures": state.failures}

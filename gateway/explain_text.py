@@ -52,6 +52,9 @@ def _limits(limits: Mapping[str, Any]) -> list[str]:
         _line("max_tokens", f"asked {_none(mt['asked'], 'nothing')}, applied {mt['applied']} (default {mt['default']}, "
                             f"maximum {mt['maximum']}, above it: {mt['on_exceed']})"),
         _line("prompt chars", f"{limits['prompt_chars']} (at most {_none(limits['max_prompt_chars'], 'unlimited')})"),
+        _line("prompt tokens", f"~{limits['prompt_tokens_est']} (at most "
+                               f"{_none(limits['max_prompt_tokens'], 'unlimited')})"),
+        _line("outputs", f"{limits['outputs']} (rate limit charge {limits['rate_limit_charge']} tokens)"),
         _line("output cap", ", ".join(caps) or "none"),
         _line("stop sequences", ", ".join(repr(s) for s in limits["stop"]) or "none"),
         _line("priority", limits["priority"]),

@@ -41,10 +41,13 @@ def prompt_text(endpoint: Endpoint, body: dict[str, Any]) -> str:
 
 
 def _token_ids(body: dict[str, Any]) -> int | None:
-    """The length of a completion prompt given as token ids (nothing to count), else None."""
+    """The length of a completion prompt given as token ids, or of all of a list of such prompts (nothing to
+    count), else None."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return len(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        return sum(len(p) for p in prompt)
     return None
 
 

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backends.breaker import CircuitBreaker
+from gateway.reading import CHARS_PER_TOKEN
 
 DEFAULT_PREFILL_TPS = 4000.0
 DEFAULT_OVERHEAD_S = 0.01
 MIN_WORK_SPREAD = 64.0  # tokens: below this standard deviation of work, the slope is not fitted
 MIN_WORK_VARIANCE = MIN_WORK_SPREAD ** 2
 SCRAPE_STALE_S = 10.0
-CHARS_PER_TOKEN = 4
 
 
 def estimate_tokens(chars: int) -> int:

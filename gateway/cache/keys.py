@@ -1,44 +1,58 @@
-"""What makes two requests the same answer: the exact-cache key and the rule for caching at all."""
+"""What makes two requests the same answer: the exact-cache key, the semantic namespace and the rule for
+caching at all, each decided from the request's reading (gateway.reading), never from the raw body."""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import orjson
 
 from gateway.config.policies import CacheRule
+from gateway.reading import UNREPLAYABLE, Reading
 
-# Fields that do not change the answer: left out of the key.
-OUTPUT_NEUTRAL = frozenset({"model", "stream", "stream_options", "user", "metadata", "store", "service_tier"})
-# Requests whose answers one stored text cannot replay faithfully.
-UNCACHEABLE = ("tools", "functions", "logprobs", "top_logprobs", "echo", "suffix", "best_of")
+SHARED_SCOPE = "*shared*"
 
 
-def cacheable(body: dict[str, Any], rule: CacheRule) -> bool:
-    """Deterministic requests (temperature 0 or a seed), or any request in mode 'always'."""
-    if not rule.enabled or any(body.get(name) for name in UNCACHEABLE) or body.get("n", 1) != 1:
-        return False
-    return rule.mode == "always" or body.get("temperature") == 0 or isinstance(body.get("seed"), int)
+def uncached_reasons(reading: Reading, rule: CacheRule) -> list[str]:
+    """Each reason a request's answer is not looked up or stored ([]: it is cacheable). Cached: deterministic
+    requests (temperature 0 or an integer seed), or any in mode 'always'; one answer a stored text replays."""
+    reasons = []
+    if not rule.enabled:
+        reasons.append("caching is off for the tenant (cache.enabled: false)")
+    if reading.endpoint == "embeddings":
+        reasons.append("embeddings are cached per input by the embedding cache, not as answers")
+    reasons += [f"the request sets {name!r}, whose answers a stored text cannot replay" for name in UNREPLAYABLE
+                if reading.params.get(name)]
+    if any(part.role == "tools" for part in reading.parts):
+        reasons.append("the request offers tools, whose calls a stored text cannot replay")
+    if reading.generated != 1:
+        reasons.append(f"it asks for {reading.generated} answers (prompts x n, best_of): only single answers "
+                       "(n = 1, one prompt) are cached")
+    temperature, seed = reading.params.get("temperature"), reading.params.get("seed")
+    if rule.mode != "always" and temperature != 0 and not (isinstance(seed, int) and not isinstance(seed, bool)):
+        shown = "not set" if temperature is None else f"{temperature!r}"
+        reasons.append(f"not deterministic: temperature is {shown} (not 0) and there is no integer seed "
+                       "(cache.mode: deterministic caches only those)")
+    return reasons
+
+
+def cacheable(reading: Reading, rule: CacheRule) -> bool:
+    return not uncached_reasons(reading, rule)
 
 
 def scope_of(tenant: str, rule: CacheRule) -> str:
     """Whose answers a key may serve: the tenant's own, unless the policy shares the cache."""
-    return "*shared*" if rule.shared else tenant
+    return SHARED_SCOPE if rule.shared else tenant
 
 
-def response_key(scope: str, tier: str, endpoint: str, body: dict[str, Any]) -> str:
-    """resp:<sha256 of scope, tier, endpoint and every output-changing field, keys sorted>."""
-    fields = {name: value for name, value in body.items() if name not in OUTPUT_NEUTRAL}
-    canonical = orjson.dumps([scope, tier, endpoint, fields], option=orjson.OPT_SORT_KEYS)
+def response_key(scope: str, tier: str, reading: Reading) -> str:
+    """resp:<sha256 of scope, tier and the whole reading: every input and every output-changing parameter>."""
+    canonical = orjson.dumps([scope, tier, reading.key()])
     return "resp:" + hashlib.sha256(canonical).hexdigest()
 
 
-PROMPT_FIELDS = frozenset({"messages", "prompt"})
-
-
-def semantic_namespace(scope: str, tier: str, endpoint: str, body: dict[str, Any]) -> str:
-    """Paraphrases may share an answer only within one scope, tier and set of output-changing parameters."""
-    fields = {n: v for n, v in body.items() if n not in OUTPUT_NEUTRAL and n not in PROMPT_FIELDS}
-    canonical = orjson.dumps([scope, tier, endpoint, fields], option=orjson.OPT_SORT_KEYS)
+def semantic_namespace(scope: str, tier: str, reading: Reading) -> str:
+    """Paraphrases may share an answer only within one scope, tier, and reading apart from the paraphrased text
+    (earlier turns, system, tools, media and parameters all equal)."""
+    canonical = orjson.dumps([scope, tier, reading.context_key()])
     return hashlib.sha256(canonical).hexdigest()[:32]

@@ -1,15 +1,16 @@
 """The semantic cache (opt-in per policy): a paraphrase of a cached prompt gets the cached answer.
 
-The prompt's embedding (the classifier's encoder, cached in Redis) is looked up in a Redis vector
-set per namespace (tenant scope, tier, output-changing parameters); a hit needs cosine similarity >=
+The embedding of the request's paraphrasable text (`Reading.semantic_text`: the last user turn of plain text,
+or one string prompt; requests without one are never semantic hits) is looked up in a Redis vector set per
+namespace (tenant scope, tier, and the rest of the reading: earlier turns, media, tools, parameters); a hit needs cosine similarity >=
 the policy's threshold and the exact entry it points to still alive. Measured precision is modest
 (docs/BENCHMARKS.md): near-misses such as swapped units score as high as paraphrases.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,8 +20,13 @@ from gateway.cache.keys import semantic_namespace
 from gateway.cache.responses import ResponseCache
 from gateway.cache.semantic import SemanticIndex
 from gateway.config.policies import SemanticRule
+from gateway.reading import Reading
 
-Embed = Callable[[str], Awaitable[np.ndarray[Any, Any]]]
+
+class Embed(Protocol):
+    """The sentence encoder: a text's embedding, cached in the tenant's scope (gateway.keyspace)."""
+
+    def __call__(self, text: str, *, scope: str) -> Awaitable[np.ndarray[Any, Any]]: ...
 
 
 class SemanticCache:
@@ -30,11 +36,14 @@ class SemanticCache:
         self._responses = responses
         self._writes = writes
 
-    async def lookup(self, scope: str, tier: str, endpoint: str, body: dict[str, Any], text: str,
+    async def lookup(self, scope: str, tier: str, reading: Reading,
                      rule: SemanticRule) -> tuple[CachedAnswer, float] | None:
-        """The cached answer of the nearest paraphrase at or above the threshold, with its similarity."""
-        namespace = semantic_namespace(scope, tier, endpoint, body)
-        found = await self._index.nearest(namespace, await self._embed(text))
+        """The cached answer of the nearest paraphrase at or above the threshold, with its similarity (None
+        also when the reading has no text a paraphrase may match: `Reading.semantic_text`)."""
+        if reading.semantic_text is None:
+            return None
+        namespace = semantic_namespace(scope, tier, reading)
+        found = await self._index.nearest(namespace, await self._embed(reading.semantic_text, scope=scope))
         if found is None or found[1] < rule.threshold:
             return None
         answer = await self._responses.get(found[0])
@@ -43,10 +52,11 @@ class SemanticCache:
             return None
         return answer, found[1]
 
-    def remember(self, scope: str, tier: str, endpoint: str, body: dict[str, Any], text: str, key: str,
-                 ttl_s: int) -> None:
-        namespace = semantic_namespace(scope, tier, endpoint, body)
-        self._writes.spawn(self._add(namespace, text, key, ttl_s))
+    def remember(self, scope: str, tier: str, reading: Reading, key: str, ttl_s: int) -> None:
+        if reading.semantic_text is None:
+            return
+        namespace = semantic_namespace(scope, tier, reading)
+        self._writes.spawn(self._add(scope, namespace, reading.semantic_text, key, ttl_s))
 
-    async def _add(self, namespace: str, text: str, key: str, ttl_s: int) -> None:
-        await self._index.add(namespace, key, await self._embed(text), ttl_s)
+    async def _add(self, scope: str, namespace: str, text: str, key: str, ttl_s: int) -> None:
+        await self._index.add(namespace, key, await self._embed(text, scope=scope), ttl_s)

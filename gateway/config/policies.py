@@ -146,6 +146,10 @@ class Experiment(Frozen):
 
     name: str = Field(pattern=NAME_PATTERN, max_length=64, description="also salts the assignment hash")
     arms: tuple[Arm, ...] = Field(min_length=1)
+    sticky_by: Literal["conversation", "user"] = Field(
+        default="conversation", description="what keeps a request in its arm (with the tenant): its conversation "
+        "(system prompt and first user message), or the request's `user` field (a client then picks its arm by "
+        "the `user` it sends; without one, the conversation)")
 
     @field_validator("arms")
     @classmethod
@@ -226,7 +230,11 @@ class Limits(Frozen):
     allowed_tiers: tuple[str, ...] | None = Field(default=None, description="tiers it may use (unset: all)")
     default_tier: str | None = Field(default=None, description="where model 'auto' goes without bands")
     max_tokens: MaxTokens | None = None
-    max_prompt_chars: int | None = Field(default=None, ge=1, description="larger prompts get 413")
+    max_prompt_chars: int | None = Field(
+        default=None, ge=1, description="larger input gets 413: characters of every message, content part and tool "
+        "(a media part by the length of its data or URL), 4 per token id")
+    max_prompt_tokens: int | None = Field(
+        default=None, ge=1, description="larger input gets 413: estimated tokens (text / 4, token ids, 765 a media part)")
     output_cap: OutputCap | None = None
     stop: tuple[str, ...] | None = Field(default=None, description="stop sequences added to every request")
     priority: Priority | None = Field(default=None, description="interactive requests leave the queue first")
@@ -280,9 +288,34 @@ class Limits(Frozen):
         return refs
 
 
+# Names the gateway's own scopes use (gateway.keyspace): requests without a key, data shared by policy, offline
+# tools. A tenant of such a name would share that scope's caches and limits, so none may have one.
+RESERVED_TENANT_NAMES = frozenset({"anonymous", "*shared*", "*offline*"})
+RESERVED_CHARACTERS = "*{}"  # '*' marks the internal scopes; braces are Redis Cluster hash tags in tenant keys
+
+
+def reserved_reason(name: str) -> str | None:
+    """Why `name` may not name a tenant (None: it may)."""
+    if name.casefold() in RESERVED_TENANT_NAMES:
+        return (f"{name!r} is reserved: the gateway's own scope of that name (requests without a key, data "
+                "shared by policy, offline tools) would be this tenant's too; pick another name")
+    bad = sorted({c for c in name if c in RESERVED_CHARACTERS})
+    if bad:
+        return (f"tenant names may not hold {' or '.join(repr(c) for c in bad)}: '*' marks the gateway's "
+                "internal scopes and braces are Redis Cluster hash tags in the tenant's keys")
+    return None
+
+
 class Tenant(Limits):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="not a reserved name: anonymous, or any holding '*', '{' or '}'")
     api_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the API key")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if (reason := reserved_reason(name)) is not None:
+            raise ValueError(reason)
+        return name
 
 
 class PolicyConfig(Limits):
@@ -301,6 +334,10 @@ class PolicyConfig(Limits):
         default="models/router", min_length=1,
         description="folder of the trained quality predictor that quality_floor routes on (one per gateway)")
     tenants: tuple[Tenant, ...] = ()
+    removes: tuple[str, ...] = Field(
+        default=(), description="what this version drops from the serving one, as a refused reload names it "
+        "(tenants[NAME], tenants[NAME].FIELD, FIELD): a reload that loses a tenant or a set field is refused unless "
+        "listed here (a file cut short); gateway.config.removals")
 
     @model_validator(mode="after")
     def _has_default_tier(self) -> PolicyConfig:

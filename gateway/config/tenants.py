@@ -30,6 +30,7 @@ class TenantPolicy:
     allowed_tiers: frozenset[str] | None
     max_tokens: MaxTokens
     max_prompt_chars: int | None
+    max_prompt_tokens: int | None
     output_cap: OutputCap | None
     stop: tuple[str, ...]
     priority: Priority
@@ -72,6 +73,7 @@ def _resolve(name: str, own: Limits, policy: PolicyConfig) -> TenantPolicy:
         allowed_tiers=None if allowed is None else frozenset(allowed),
         max_tokens=_first(own.max_tokens, policy.max_tokens) or BUILTIN_MAX_TOKENS,
         max_prompt_chars=_first(own.max_prompt_chars, policy.max_prompt_chars),
+        max_prompt_tokens=_first(own.max_prompt_tokens, policy.max_prompt_tokens),
         output_cap=_first(own.output_cap, policy.output_cap),
         stop=_first(own.stop, policy.stop) or (),
         priority=_first(own.priority, policy.priority) or "interactive",
@@ -124,6 +126,7 @@ class Assignment:
 class CompiledExperiment:
     name: str
     salt: int  # 64 bits derived from the name
+    sticky_by: str  # "conversation" | "user": what the assignment key reads (gateway.experiments.assign)
     cuts: tuple[float, ...]  # cumulative shares: arm i owns [cuts[i-1], cuts[i])
     arms: tuple[Assignment, ...]
 
@@ -152,7 +155,7 @@ def compile_plan(policy: TenantPolicy) -> ExperimentPlan | None:
         if implicit:
             cuts[-1] = 1.0  # every position, whatever the float sum says
         compiled.append(CompiledExperiment(
-            experiment.name, salt_of(experiment.name), tuple(cuts),
+            experiment.name, salt_of(experiment.name), experiment.sticky_by, tuple(cuts),
             tuple(Assignment(experiment.name, arm.name, arm.control, apply_arm(base, arm), arm.overrides())
                   for arm in arms),
         ))
@@ -164,7 +167,12 @@ def salt_of(name: str) -> int:
 
 
 def apply_arm(policy: TenantPolicy, arm: Arm) -> TenantPolicy:
-    """`policy` with each field the arm sets replaced by the arm's value (and no experiments of its own)."""
+    """`policy` with each field the arm sets replaced by the arm's value (and no experiments of its own).
+
+    An arm never loosens the tenant's caps: its `max_tokens` applies as the stricter of the two (the smaller
+    maximum, the smaller default, `reject` when either rejects), and the fields an arm cannot set (output cap,
+    prompt caps, rate limits, budget, allowed tiers, priority) are the tenant's; the tiers an arm's
+    default_tier and tier_map name must be in the tenant's allowed_tiers (`compile_tenants` refuses others)."""
     changes: dict[str, Any] = {"experiments": (), "plan": None}
     if arm.routing is not None:  # bands without a classifier of their own read the tenant's
         inherit = "classifier" not in arm.routing.model_fields_set and policy.routing is not None
@@ -175,10 +183,17 @@ def apply_arm(policy: TenantPolicy, arm: Arm) -> TenantPolicy:
     if arm.tier_map is not None:
         changes["tier_map"] = MappingProxyType(dict(arm.tier_map))
     if arm.max_tokens is not None:
-        changes["max_tokens"] = arm.max_tokens
+        changes["max_tokens"] = stricter_max_tokens(policy.max_tokens, arm.max_tokens)
     if arm.quality_floor is not None:
         changes["quality_floor"] = _floor(arm.quality_floor)
     return dataclasses.replace(policy, **changes)
+
+
+def stricter_max_tokens(tenant: MaxTokens, arm: MaxTokens) -> MaxTokens:
+    """An arm's max_tokens within the tenant's: the smaller maximum and default, `reject` if either rejects."""
+    maximum = min(tenant.maximum, arm.maximum)
+    on_exceed = "reject" if "reject" in (tenant.on_exceed, arm.on_exceed) else "clamp"
+    return MaxTokens(default=min(tenant.default, arm.default, maximum), maximum=maximum, on_exceed=on_exceed)
 
 
 def compile_tenants(policy: PolicyConfig) -> tuple[Mapping[str, TenantPolicy], TenantPolicy | None]:

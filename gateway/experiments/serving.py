@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.pool import ReplicaPool
-from gateway.backends.stats import estimate_tokens
 from gateway.clock import utc_day
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
@@ -132,7 +131,7 @@ class GatewaySend:
         ctx.body, ctx.model_requested, ctx.tier = body, tier_name, tier
         max_tokens = body.get("max_tokens")
         ctx.max_tokens = max_tokens if isinstance(max_tokens, int) else None
-        ctx.prompt_tokens_est = estimate_tokens(len(ctx.prompt_text()))
+        ctx.prompt_tokens_est = ctx.input_tokens_est()
         ctx.candidates = self._pool.rank(tier, ctx.prompt_tokens_est, config.routes.balancing)
         gate = self._admission.gate(ctx, tier) if config.routes.admission.enabled and ctx.candidates else None
         if gate is not None and not gate.has_room():

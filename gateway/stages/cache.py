@@ -26,25 +26,25 @@ class CacheStage:
         self._semantic = semantic
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        if self._responses is None or ctx.tier is None or ctx.tenant is None:
+        reading = ctx.reading
+        if self._responses is None or ctx.tier is None or ctx.tenant is None or reading is None:
             return None
         rule = ctx.tenant.cache
-        if not cacheable(ctx.body, rule):
+        if not cacheable(reading, rule):
             ctx.cache = "bypass"
             return None
         scope = scope_of(ctx.tenant_name, rule)
-        key = response_key(scope, ctx.tier.name, ctx.endpoint, ctx.body)
+        key = response_key(scope, ctx.tier.name, reading)
         answer = await self._responses.get(key)
         if answer is not None:
             return _replay(ctx, answer, "hit")
-        semantic_scope = scope if self._semantic is not None and rule.semantic is not None else None
-        if self._semantic is not None and rule.semantic is not None:
-            found = await self._semantic.lookup(scope, ctx.tier.name, ctx.endpoint, ctx.body, ctx.prompt_text(),
-                                                rule.semantic)
+        semantic = self._semantic if rule.semantic is not None and reading.semantic_text is not None else None
+        if semantic is not None and rule.semantic is not None:
+            found = await semantic.lookup(scope, ctx.tier.name, reading, rule.semantic)
             if found is not None:
                 return _replay(ctx, found[0], "semantic_hit")
         ctx.cache, ctx.cache_key = "miss", key
-        ctx.finishers.append(lambda done: self._store(done, rule.ttl_s, semantic_scope))
+        ctx.finishers.append(lambda done: self._store(done, rule.ttl_s, scope if semantic is not None else None))
         return None
 
     def _store(self, ctx: RequestContext, ttl_s: int, semantic_scope: str | None) -> None:
@@ -52,9 +52,9 @@ class CacheStage:
         if answer is None or ctx.cache_key is None or self._responses is None:
             return
         self._responses.put_later(ctx.cache_key, answer, ttl_s)
-        if semantic_scope is not None and self._semantic is not None and ctx.tier is not None:
-            self._semantic.remember(semantic_scope, ctx.tier.name, ctx.endpoint, ctx.body, ctx.prompt_text(),
-                                    ctx.cache_key, ttl_s)
+        if semantic_scope is not None and self._semantic is not None and ctx.tier is not None \
+                and ctx.reading is not None:
+            self._semantic.remember(semantic_scope, ctx.tier.name, ctx.reading, ctx.cache_key, ttl_s)
 
 
 def _storable_answer(ctx: RequestContext) -> CachedAnswer | None:

@@ -9,11 +9,14 @@ import orjson
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest
 from gateway.protocols import embeddings
+from gateway.reading import read
 from gateway.types import Reply
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_TOKENS_CEILING = 1 << 20  # beyond any context window we could route to
 MAX_MESSAGES = 2048
+MAX_CHOICES = 16  # n and best_of
+MAX_PROMPTS = 2048  # a completion's prompt list, as the embeddings' input list
 MAX_DEPTH = 64  # nesting of the body (the object itself is 1): OpenAI's own schemas need ~20, orjson writes 254
 
 NUMBER_RANGES: dict[str, tuple[float, float]] = {
@@ -44,6 +47,7 @@ class ParseStage:
         _check_sampling(body)
         ctx.body = body
         ctx.model_requested = model
+        ctx.reading = read(ctx.endpoint, body)
         return None
 
 
@@ -120,14 +124,20 @@ def _check_prompt(prompt: Any) -> None:
         and bool(prompt)
         and (
             all(isinstance(p, str) for p in prompt)
-            or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
-            or all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt)
+            or _token_ids(prompt)
+            or all(isinstance(p, list) and p and _token_ids(p) for p in prompt)
         )
     )
     if not ok:
         raise InvalidRequest(
             "'prompt' is required: a string, an array of strings, or an array of token ids", param="prompt"
         )
+    if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) and len(prompt) > MAX_PROMPTS:
+        raise InvalidRequest(f"'prompt' holds more than {MAX_PROMPTS} prompts", param="prompt")
+
+
+def _token_ids(values: list[Any]) -> bool:
+    return all(type(t) is int and 0 <= t < 1 << 31 for t in values)
 
 
 def _stream_usage(body: dict[str, Any], stream: bool) -> bool:
@@ -162,8 +172,12 @@ def _check_sampling(body: dict[str, Any]) -> None:
         if value is not None and not low <= value <= high:
             raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}, got {value}", param=name)
     n = _optional(body, "n", int)
-    if n is not None and not 1 <= n <= 16:
-        raise InvalidRequest(f"'n' must be between 1 and 16, got {n}", param="n")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise InvalidRequest(f"'n' must be between 1 and {MAX_CHOICES}, got {n}", param="n")
+    best_of = _optional(body, "best_of", int)
+    if best_of is not None and not (n or 1) <= best_of <= MAX_CHOICES:
+        raise InvalidRequest(f"'best_of' must be between 'n' ({n or 1}) and {MAX_CHOICES}, got {best_of}",
+                             param="best_of")
     _optional(body, "seed", int)
     stop = body.get("stop")
     if stop is not None and not (

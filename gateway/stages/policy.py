@@ -1,7 +1,8 @@
 """Policy: resolve the tenant from the API key and apply its limits before anything is spent.
 
-401 unknown key · 400 max_tokens over the cap (mode reject) · 413 prompt too large ·
-429 rate limit or daily budget (+ Retry-After). Clamps max_tokens, adds the tenant's stop
+401 unknown key · 400 max_tokens over the cap (mode reject) · 413 input too large (every input of the
+request's reading: text, tools, media, token ids) · 429 rate limit or daily budget (+ Retry-After), charged
+all input and every output (prompts x n) at its ceiling. Clamps max_tokens, adds the tenant's stop
 sequences, and books the tokens and dollars actually used once the answer is done.
 A tenant running experiments (issue 22) is replaced by the policy of the request's arm, sticky per
 `user` or conversation (`gateway.experiments.assign`), before any limit applies.
@@ -15,12 +16,11 @@ from typing import Any
 
 from gateway.config import GatewayConfig, TenantPolicy
 from gateway.context import RequestContext
-from gateway.errors import AuthenticationFailed, BodyTooLarge, InvalidRequest
+from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
 from gateway.experiments.assign import assign
 from gateway.limits.limiter import Limiter
+from gateway.reading import Reading
 from gateway.types import Reply
-
-CHARS_PER_TOKEN = 4  # the token estimate charged on admission, corrected when the answer is done
 
 
 class PolicyStage:
@@ -36,16 +36,16 @@ class PolicyStage:
             ctx.assignment, ctx.tenant = arm, arm.policy  # the arm's fields from here on, max_tokens included
         if self._record_owner is not None:
             ctx.finishers.append(self._record_owner)
-        prompt_chars = apply_limits(ctx, ctx.tenant)
+        reading = apply_limits(ctx, ctx.tenant)
         if self._limiter is not None:
-            estimate = prompt_chars // CHARS_PER_TOKEN + (ctx.max_tokens or 0)
+            estimate = reading.charge()  # all input, and every output at its ceiling
             await self._limiter.admit(ctx.tenant, estimate)
             ctx.finishers.append(lambda done: self._book(done, estimate))
         return None
 
     def _book(self, ctx: RequestContext, estimate: int) -> None:
         if self._limiter is not None and ctx.tenant is not None:
-            used = (ctx.prompt_tokens or 0) + (ctx.completion_tokens or 0) if ctx.upstream_started else 0
+            used = (ctx.prompt_tokens or 0) + (ctx.completion_tokens or 0) if ctx.priced_from else 0  # work done
             self._limiter.book(ctx.tenant, used - estimate, ctx.cost_usd)
 
 
@@ -88,19 +88,33 @@ def resolve_tenant(config: GatewayConfig, api_key: str | None) -> TenantPolicy:
     return tenant
 
 
-def apply_limits(ctx: RequestContext, tenant: TenantPolicy) -> int:
-    """The tenant's limits on the request itself (no admission): max_tokens, prompt size, stops.
-    Returns the prompt's length in characters."""
+def apply_limits(ctx: RequestContext, tenant: TenantPolicy) -> Reading:
+    """The tenant's limits on the request itself (no admission): max_tokens, prompt size over every input,
+    stops. Returns the request's reading, limited (its ceiling and stops are the policy's)."""
+    reading = ctx.reading
+    if reading is None:
+        raise GatewayError("the policy stage ran before the request was read")
     ctx.max_tokens = _max_tokens(ctx, tenant)
-    prompt_chars = len(ctx.prompt_text())
-    if tenant.max_prompt_chars is not None and prompt_chars > tenant.max_prompt_chars:
-        param = {"chat": "messages", "completions": "prompt"}.get(ctx.endpoint, "input")
-        raise BodyTooLarge(f"the prompt has {prompt_chars} characters; tenant {tenant.name!r} allows "
-                           f"{tenant.max_prompt_chars}", param=param, code="prompt_too_large")
+    _check_prompt_size(ctx.endpoint, reading, tenant)
     _set_max_tokens(ctx.body, ctx.max_tokens)
     if tenant.stop:
         ctx.body["stop"] = _merged_stop(ctx.body.get("stop"), tenant.stop)
-    return prompt_chars
+        reading.limit(ctx.max_tokens, tuple(ctx.body["stop"]))
+    else:
+        reading.limit(ctx.max_tokens, reading.stop)
+    return reading
+
+
+def _check_prompt_size(endpoint: str, reading: Reading, tenant: TenantPolicy) -> None:
+    """413 when all the input (text, tools and their calls, media, token ids: `gateway.reading`) is over the
+    tenant's `max_prompt_chars` or `max_prompt_tokens`."""
+    param = {"chat": "messages", "completions": "prompt"}.get(endpoint, "input")
+    for size, limit, unit in ((reading.input_chars, tenant.max_prompt_chars, "characters"),
+                              (reading.input_tokens, tenant.max_prompt_tokens, "tokens (estimated)")):
+        if limit is not None and size > limit:
+            raise BodyTooLarge(f"the request's input has {size} {unit}, counting every message, content part, "
+                               f"tool and token id; tenant {tenant.name!r} allows {limit}", param=param,
+                               code="prompt_too_large")
 
 
 def _max_tokens(ctx: RequestContext, tenant: TenantPolicy) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.backends.pool import ReplicaPool
-from gateway.backends.stats import estimate_tokens
 from gateway.clock import utc_day
 from gateway.config import GatewayConfig, TenantPolicy, Tier
 from gateway.context import RequestContext
@@ -46,7 +45,7 @@ class RouteStage:
         if embeds and tier.dimensions is not None:
             check_dimensions(ctx.body, tier.name, tier.dimensions)
         ctx.tier = tier
-        ctx.prompt_tokens_est = estimate_tokens(len(ctx.prompt_text()))
+        ctx.prompt_tokens_est = ctx.input_tokens_est()
         ctx.candidates = self._pool.rank(tier, ctx.prompt_tokens_est, config.routes.balancing)
         if self._sessions is not None and ctx.tenant is not None and ctx.tenant.sessions is not None:
             await self._sessions(ctx)  # a conversation keeps its tier, moving only up (issue 32)
@@ -105,7 +104,7 @@ def _quality_tier(ctx: RequestContext, floor: float) -> str | None:
     usable = [t for t in ctx.config.routes.tiers if tenant.allows(t.name)
               and (ctx.max_tokens is None or ctx.max_tokens <= t.context_window)]
     completion = ctx.max_tokens if ctx.max_tokens is not None else tenant.max_tokens.default
-    options = tier_options(ctx.quality, usable, prompt_tokens=estimate_tokens(len(ctx.prompt_text())),
+    options = tier_options(ctx.quality, usable, prompt_tokens=ctx.input_tokens_est(),
                            completion_tokens=completion, day=utc_day(ctx.ts))
     choice = choose(options, floor)
     if choice is None:
