@@ -58,6 +58,11 @@ def session_id(tenant: str, header: str | None, body: Mapping[str, Any]) -> str 
     return blake2b(tenant.encode() + b"\x00" + data, digest_size=16).hexdigest()
 
 
+def redis_key(session: str) -> str:
+    """The Redis key of a session id (`session_id`: it names the tenant)."""
+    return f"sess:{session}"
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """A session's tier: its rank (position in routes) and name."""
@@ -105,7 +110,7 @@ class SessionStore:
         before = self.local.get(key, now)
         best = routed if before is None or routed.rank > before.rank else before
         if self._guard is not None and self._script is not None:
-            script, keys, args = self._script, [f"sess:{key}"], [str(best.rank), best.tier, str(ttl_s)]
+            script, keys, args = self._script, [redis_key(key)], [str(best.rank), best.tier, str(ttl_s)]
             reply = await self._guard.run("session_hold", lambda: script(keys=keys, args=args))
             if isinstance(reply, list) and len(reply) == 2:
                 shared, earlier = _parse(reply[0]), _parse(reply[1])
@@ -120,7 +125,7 @@ class SessionStore:
         """The tier session `key` holds, without recording a turn (for `route explain`)."""
         if self._guard is not None:
             client = self._guard.client
-            shared = _parse(await self._guard.run("session_peek", lambda: client.get(f"sess:{key}")))
+            shared = _parse(await self._guard.run("session_peek", lambda: client.get(redis_key(key))))
             if shared is not None:
                 return shared
         return self.local.get(key, time.monotonic())

@@ -54,9 +54,10 @@ class TokenCounter(Protocol):
 
 
 class DifficultyScorer(Protocol):
-    """Scores how hard a prompt is for the small tier, in [0, 1]."""
+    """Scores how hard a prompt is for the small tier, in [0, 1]; what it caches of a text is kept in `scope`
+    (the tenant's, gateway.keyspace; offline callers leave the default, gateway.classifier.embedder.OFFLINE_SCOPE)."""
 
-    async def score(self, text: str) -> float: ...
+    async def score(self, text: str, *, scope: str = ...) -> float: ...
 
 
 class QualityPredictor(Protocol):
@@ -65,7 +66,7 @@ class QualityPredictor(Protocol):
 
     models: tuple[str, ...]  # the measured model names it predicts for
 
-    async def predict(self, text: str) -> dict[str, float]: ...
+    async def predict(self, text: str, *, scope: str = ...) -> dict[str, float]: ...
 
     def close(self) -> None: ...
 

@@ -5,8 +5,10 @@ Two kinds of entries, both `emb:<key>` with a TTL:
   (768 bytes for 384 dimensions; float16 keeps ~3 significant digits, far below what a cosine
   threshold or a difficulty score can tell apart), under the caller's content hashes;
 - remote embedding tiers' (`Vectors`): float32 bytes, exactly what the backend sent, under
-  `vector_key(model, dimensions, text)`: the served model, the vector length and the exact text
-  (no normalization: a remote tokenizer may see whitespace), so two tiers serving one model share.
+  `vector_key(scope, model, dimensions, text)`: the tenant scope, the served model, the vector length and the
+  exact text (no normalization: a remote tokenizer may see whitespace), so two tiers serving one model share.
+Every serving key names a tenant scope (gateway.keyspace): a text one tenant embedded is another tenant's
+miss (no `cache: hit` at $0 that would tell it what others embedded), unless their policies share the cache.
 `get_many` is one MGET (per slot group in a cluster, via `mget_nonatomic`), `put_many` one pipeline
 of SET EX; nothing is sent for an empty input. A value of the wrong length reads as missing.
 """
@@ -39,9 +41,15 @@ def decode(raw: object, dim: int, dtype: str = "<f2") -> Vector | None:
     return np.frombuffer(raw, dtype=dtype).astype(np.float32)
 
 
-def vector_key(model: str, dimensions: int, text: str) -> str:
-    """The key of a remote model's vector of `text`: SHA-256 of the model, the vector length and the exact text."""
-    return "v:" + hashlib.sha256(orjson.dumps([model, dimensions, text])).hexdigest()
+def vector_key(scope: str, model: str, dimensions: int, text: str) -> str:
+    """The key of a remote model's vector of `text` for a tenant scope: SHA-256 of the scope, the model, the
+    vector length and the exact text."""
+    return "v:" + hashlib.sha256(orjson.dumps([scope, model, dimensions, text])).hexdigest()
+
+
+def store_key(key: str) -> str:
+    """The Redis key of an embedding stored under `key` (a scoped content hash, or a `vector_key`)."""
+    return f"emb:{key}"
 
 
 class EmbeddingStore:
@@ -58,7 +66,7 @@ class EmbeddingStore:
         """The stored vector of each key, None where missing, malformed or Redis is down."""
         if not keys:
             return []
-        names = [f"emb:{key}" for key in keys]
+        names = [store_key(key) for key in keys]
         client = self.guard.client
         if isinstance(client, RedisCluster):
             cluster = client
@@ -78,13 +86,14 @@ class EmbeddingStore:
     async def _set_all(self, items: Sequence[tuple[str, npt.NDArray[Any]]]) -> list[Any]:
         async with self.guard.client.pipeline(transaction=False) as pipe:
             for key, vector in items:
-                pipe.set(f"emb:{key}", encode(vector, self.dtype), ex=self.ttl_s)
+                pipe.set(store_key(key), encode(vector, self.dtype), ex=self.ttl_s)
             result: list[Any] = await pipe.execute()
             return result
 
 
 class Vectors:
-    """Remote embedding tiers' vectors: float32, keyed by (served model, dimensions, text); written after the answer."""
+    """Remote embedding tiers' vectors: float32, keyed by (tenant scope, served model, dimensions, text); written
+    after the answer."""
 
     def __init__(self, guard: RedisGuard, writes: BackgroundWrites, ttl_s: int = 86400) -> None:
         self._guard = guard
@@ -94,12 +103,12 @@ class Vectors:
     def _store(self, dimensions: int) -> EmbeddingStore:
         return EmbeddingStore(self._guard, self._ttl_s, dimensions, "<f4")
 
-    async def get_many(self, model: str, dimensions: int, texts: Sequence[str]) -> list[Vector | None]:
-        """Each text's stored vector, None where missing (or Redis is down)."""
-        return await self._store(dimensions).get_many([vector_key(model, dimensions, t) for t in texts])
+    async def get_many(self, scope: str, model: str, dimensions: int, texts: Sequence[str]) -> list[Vector | None]:
+        """Each text's stored vector in `scope`, None where missing (or Redis is down)."""
+        return await self._store(dimensions).get_many([vector_key(scope, model, dimensions, t) for t in texts])
 
-    def put_later(self, model: str, dimensions: int, items: Sequence[tuple[str, Vector]]) -> None:
-        """Store each (text, vector) in the background, in one round trip."""
+    def put_later(self, scope: str, model: str, dimensions: int, items: Sequence[tuple[str, Vector]]) -> None:
+        """Store each (text, vector) in `scope`, in the background, in one round trip."""
         if items:
-            keyed = [(vector_key(model, dimensions, text), vector) for text, vector in items]
+            keyed = [(vector_key(scope, model, dimensions, text), vector) for text, vector in items]
             self._writes.spawn(self._store(dimensions).put_many(keyed))

@@ -2,8 +2,10 @@
 
 The prefix is cut into fixed blocks of `block_chars` characters (only complete blocks count) and
 hashed as a chain, h_i = sha256(h_{i-1} + block_i)[:16], so a block's hash names the whole prefix
-up to it (llm-d's scheme, over characters instead of tokens). Each hash maps to a replica under
-`pfx:{tier}:<hash>`; the braces make the tier a Redis Cluster hash tag, so one MGET covers a chain.
+up to it (llm-d's scheme, over characters instead of tokens). The chain starts from the tenant's scope,
+h_0 = sha256(scope)[:16] (gateway.keyspace: the tenant's name, or the shared scope when its policy shares
+the cache), so one tenant's prompts never follow another's prefix to its replica. Each hash maps to a
+replica under `pfx:{tier}:<hash>`; the braces make the tier a Redis Cluster hash tag, so one MGET covers a chain.
 `lookup` is one MGET, `record` one pipeline of SET EX (no transaction); reuse is counted in
 Prometheus (`gateway_prefix_lookups_total{tier,result=hit|miss|unavailable}`, `gateway_prefix_hit_blocks_total{tier}`),
 never with an extra Redis round trip.
@@ -23,15 +25,22 @@ BLOCK_CHARS = 64
 MAX_BLOCKS = 512  # 32k characters: longer prefixes are matched on their first MAX_BLOCKS blocks
 
 
-def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS, max_blocks: int = MAX_BLOCKS) -> list[str]:
-    """The chained hashes (32 hex chars each) of the complete `block_chars` blocks of `text`."""
+def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS, max_blocks: int = MAX_BLOCKS,
+                  scope: str | None = None) -> list[str]:
+    """The chained hashes (32 hex chars each) of the complete `block_chars` blocks of `text`, the chain started
+    from `scope` (None: from nothing, the unscoped chain of llm-d's scheme)."""
     hashes: list[str] = []
-    digest = b""
+    digest = b"" if scope is None else hashlib.sha256(scope.encode("utf-8", "surrogatepass")).digest()[:16]
     end = min(len(text) // block_chars, max_blocks) * block_chars
     for start in range(0, end, block_chars):
         digest = hashlib.sha256(digest + text[start:start + block_chars].encode()).digest()[:16]
         hashes.append(digest.hex())
     return hashes
+
+
+def prefix_keys(scope: str, tier: str, text: str, block_chars: int = BLOCK_CHARS) -> list[str]:
+    """The Redis keys of the prefix blocks of `text` on `tier`, in `scope` (a tenant's: gateway.keyspace)."""
+    return [f"pfx:{{{tier}}}:{h}" for h in prefix_blocks(text, block_chars, scope=scope)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +64,9 @@ class PrefixStore:
         self._hit_blocks = Counter("gateway_prefix_hit_blocks", "Prefix blocks found on a replica (reuse)",
                                    ("tier",), registry=guard.registry)
 
-    def _keys(self, tier: str, prefix_text: str) -> list[str]:
-        return [f"pfx:{{{tier}}}:{h}" for h in prefix_blocks(prefix_text, self.block_chars)]
-
-    async def lookup(self, tier: str, prefix_text: str) -> PrefixMatch | None:
-        """The replica of the longest recorded prefix of `prefix_text`; None if none (or Redis is down)."""
-        keys = self._keys(tier, prefix_text)
+    async def lookup(self, tier: str, scope: str, prefix_text: str) -> PrefixMatch | None:
+        """The replica of the longest prefix of `prefix_text` recorded in `scope`; None if none (or Redis is down)."""
+        keys = prefix_keys(scope, tier, prefix_text, self.block_chars)
         if not keys:  # shorter than a block: a miss, without a round trip
             self._lookups.labels(tier, "miss").inc()
             return None
@@ -77,9 +83,9 @@ class PrefixStore:
         self._lookups.labels(tier, "miss" if values is not None else "unavailable").inc()
         return None
 
-    async def record(self, tier: str, prefix_text: str, replica: str) -> None:
-        """Remember that `replica` now holds `prefix_text` (every block, refreshed to the TTL)."""
-        keys = self._keys(tier, prefix_text)
+    async def record(self, tier: str, scope: str, prefix_text: str, replica: str) -> None:
+        """Remember that `replica` now holds `prefix_text` for `scope` (every block, refreshed to the TTL)."""
+        keys = prefix_keys(scope, tier, prefix_text, self.block_chars)
         if keys:
             await self.guard.run("prefix_record", lambda: self._set_all(keys, replica))
 

@@ -26,6 +26,11 @@ REDETECT_S = 30.0  # while detection could not reach Redis, try again this often
 log = structlog.get_logger("gateway.redis")
 
 
+def index_key(namespace: str) -> str:
+    """The vector set of one namespace (gateway.cache.keys.semantic_namespace: it names the tenant scope)."""
+    return f"sem:{{{namespace}}}"
+
+
 def top_hit(reply: Any) -> tuple[str, float] | None:
     """(element, cosine) from a VSIM WITHSCORES reply: a flat RESP2 list or a parsed mapping."""
     if isinstance(reply, dict):
@@ -99,7 +104,7 @@ class SemanticIndex:
         if not await self._ready():
             return
         blob = np.asarray(vector, dtype="<f4").tobytes()
-        name = f"sem:{{{namespace}}}"
+        name = index_key(namespace)
 
         async def call() -> list[Any]:
             async with self.guard.client.pipeline(transaction=False) as pipe:
@@ -118,7 +123,7 @@ class SemanticIndex:
         client = self.guard.client
         reply = await self.guard.run(
             "semantic_nearest",
-            lambda: client.execute_command("VSIM", f"sem:{{{namespace}}}", "FP32", blob, "WITHSCORES", "COUNT", 1),
+            lambda: client.execute_command("VSIM", index_key(namespace), "FP32", blob, "WITHSCORES", "COUNT", 1),
             self.op_timeout_s,
         )
         return top_hit(reply)
@@ -127,4 +132,4 @@ class SemanticIndex:
         """Drop a stale element (its response expired)."""
         if await self._ready():
             client = self.guard.client
-            await self.guard.run("semantic_remove", lambda: client.execute_command("VREM", f"sem:{{{namespace}}}", key))
+            await self.guard.run("semantic_remove", lambda: client.execute_command("VREM", index_key(namespace), key))

@@ -31,8 +31,8 @@ from typing import Any
 
 from gateway.classifier.batcher import MicroBatcher
 from gateway.classifier.cascade import Cascade, load_cascade
-from gateway.classifier.embedder import CachedEmbedder, LazyEncoder, SharedEmbeddings, log
-from gateway.classifier.embedding_cache import EmbeddingCache, cache_key
+from gateway.classifier.embedder import OFFLINE_SCOPE, CachedEmbedder, LazyEncoder, SharedEmbeddings, log
+from gateway.classifier.embedding_cache import EmbeddingCache, scoped_key
 from gateway.classifier.encoder import (
     GPU_VARIANT,
     GRAPHS,
@@ -95,11 +95,12 @@ class DifficultyClassifier:
         """Take the cuts from `current()` at each score: a new object (a reloaded policy) replaces them."""
         self._current_cuts = current
 
-    async def score(self, text: str) -> float:
-        """The prompt's difficulty for the small tier, in [0, 1]."""
+    async def score(self, text: str, *, scope: str = OFFLINE_SCOPE) -> float:
+        """The prompt's difficulty for the small tier, in [0, 1]; what is remembered of `text` (its embedding,
+        the cascade's answer) is kept in `scope`, a tenant's on the serving path (gateway.keyspace)."""
         if self.cascade is not None:
             try:
-                cheap = self._cheap_score(text)
+                cheap = self._cheap_score(text, scope)
             except Exception as err:  # the cascade only saves work: without it every prompt takes the encoder
                 log.error("cascade_failed", error=f"{type(err).__name__}: {err}", action="cascade off")
                 self.cascade, cheap = None, None
@@ -107,10 +108,10 @@ class DifficultyClassifier:
                 self.cheap += 1
                 return cheap
         self.full += 1
-        features = await self.embedder.embedding(text)
+        features = await self.embedder.embedding(text, scope=scope)
         return float(self.head.score(features.reshape(1, -1), log_chars([text]))[0])
 
-    def _cheap_score(self, text: str) -> float | None:
+    def _cheap_score(self, text: str, scope: str) -> float | None:
         """The cascade's score when it settles the band, else None (the ids are left for the encoder)."""
         assert self.cascade is not None and self.tokenizer is not None
         if self._current_cuts is not None and (cuts := self._current_cuts()) is not self._cuts_seen:
@@ -118,7 +119,7 @@ class DifficultyClassifier:
             self.use_cuts(cuts)
         if self.cascade.cuts is None:
             return None
-        key = cache_key(text)
+        key = scoped_key(scope, text)
         if key in self.embedder.cache:
             return None  # the exact score is a lookup away
         if (known := self._decided.get(key)) is not None:

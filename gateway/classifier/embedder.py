@@ -1,13 +1,15 @@
 """Prompt embeddings for the serving path: in-process LRU, then a shared store, then the encoder.
 
     embedder = CachedEmbedder(MicroBatcher(encoder), namespace=namespace_of(path, file_sha256(path)))
-    vector = await embedder.embedding(prompt)
+    vector = await embedder.embedding(prompt, scope=tenant_scope)
 
 A store (the Redis EmbeddingStore: any object with async get_many / put_many) that fails or
 answers None is a miss, never an error; vectors the encoder computes are written back to it in the
-background. Store keys are `<namespace>:<content hash>`: the namespace names the encoder file, so
+background. Store keys are `<namespace>:<scoped content hash>`: the namespace names the encoder file, so
 two encoders (the classifier's and the semantic cache's), or two versions of one during a rolling
-deploy, never read each other's vectors.
+deploy, never read each other's vectors; the hash names the caller's scope with the text
+(`embedding_cache.scoped_key`): the tenant's, so a text one tenant sent is not another tenant's hit, in the
+LRU or in Redis (gateway.keyspace). Offline callers (benches, training) pass OFFLINE_SCOPE.
 
 `LazyEncoder` opens its ONNX session on the first call, in the caller's thread (the batcher's
 executor), so an encoder that a policy may never use costs nothing until it does.
@@ -25,11 +27,13 @@ import numpy.typing as npt
 import structlog
 
 from gateway.classifier.batcher import MicroBatcher
-from gateway.classifier.embedding_cache import EmbeddingCache, cache_key
+from gateway.classifier.embedding_cache import EmbeddingCache, scoped_key
 from gateway.classifier.encoder import EMBEDDING_DIM, EncoderSession
+from gateway.keyspace import OFFLINE
 
 log = structlog.get_logger("gateway.classifier")
 Embedding = npt.NDArray[np.float32]
+OFFLINE_SCOPE = OFFLINE  # benches, training, route tools: no tenant (a reserved name)
 
 
 class SharedEmbeddings(Protocol):
@@ -80,15 +84,15 @@ class CachedEmbedder:
         self.encoded = 0
         self._writes: set[asyncio.Task[None]] = set()
 
-    async def embedding(self, text: str) -> Embedding:
-        """The prompt's read-only embedding (384,)."""
-        (embedding,), _ = await self.embed_many([text])
+    async def embedding(self, text: str, *, scope: str) -> Embedding:
+        """The prompt's read-only embedding (384,), cached in `scope` (a tenant's: gateway.keyspace)."""
+        (embedding,), _ = await self.embed_many([text], scope=scope)
         return embedding
 
-    async def embed_many(self, texts: Sequence[str]) -> tuple[list[Embedding], int]:
-        """Each text's read-only embedding, and how many texts the encoder computed (the others were cached;
-        a text repeated in `texts` is encoded once). The store is asked once for all LRU misses."""
-        keys = [cache_key(text) for text in texts]
+    async def embed_many(self, texts: Sequence[str], *, scope: str) -> tuple[list[Embedding], int]:
+        """Each text's read-only embedding, and how many texts the encoder computed (the others were cached in
+        `scope`; a text repeated in `texts` is encoded once). The store is asked once for all LRU misses."""
+        keys = [scoped_key(scope, text) for text in texts]
         found: dict[str, Embedding] = {}
         for key in keys:
             if key not in found and (hit := self.cache.get(key)) is not None:

@@ -1,8 +1,12 @@
-"""In-process LRU of prompt embeddings, keyed by the SHA-256 of the normalized text.
+"""In-process LRU of prompt embeddings, keyed by the SHA-256 of a scope and the normalized text.
 
 Normalization collapses whitespace runs and strips the ends: the encoder's tokenizer splits on
 whitespace, so such texts have the same tokens and the same embedding. The key is a hex string,
 so a shared (Redis) layer can sit behind this one with the same keys.
+
+On the serving path every key names its scope (`scoped_key`): a tenant's own (its name, or the shared scope
+when its policy shares the cache; gateway.keyspace), so one tenant's texts are never another's hits. The
+unscoped `cache_key` is the offline one (training's embedding files), never a serving key.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ Embedding = npt.NDArray[np.float32]
 def cache_key(text: str) -> str:
     """SHA-256 (hex) of `text` with whitespace runs collapsed to one space and the ends stripped."""
     return hashlib.sha256(" ".join(text.split()).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def scoped_key(scope: str, text: str) -> str:
+    """SHA-256 (hex) of `scope` (length-prefixed: no two scopes and texts make one string) and `text` normalized
+    as `cache_key` normalizes it: the serving key of an embedding, per tenant scope (gateway.keyspace)."""
+    normalized = " ".join(text.split())
+    return hashlib.sha256(f"{len(scope)}:{scope}:{normalized}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class EmbeddingCache:

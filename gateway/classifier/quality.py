@@ -24,7 +24,7 @@ import numpy as np
 
 from gateway.classifier.batcher import MicroBatcher
 from gateway.classifier.difficulty import EncoderMismatch, encoder_graph, file_sha256, max_tokens_of, namespace_of
-from gateway.classifier.embedder import CachedEmbedder, SharedEmbeddings
+from gateway.classifier.embedder import OFFLINE_SCOPE, CachedEmbedder, SharedEmbeddings
 from gateway.classifier.embedding_cache import EmbeddingCache
 from gateway.classifier.encoder import EncoderSession, default_model_path
 from gateway.classifier.head import HeadSession
@@ -48,16 +48,17 @@ class QualityPredictor:
         self.metrics = metrics or {}
         self._owns_embedder = owns_embedder
 
-    async def predict(self, text: str) -> dict[str, float]:
-        (row,) = await self.predict_many([text])
+    async def predict(self, text: str, *, scope: str = OFFLINE_SCOPE) -> dict[str, float]:
+        (row,) = await self.predict_many([text], scope=scope)
         return row
 
-    async def predict_many(self, texts: Sequence[str]) -> list[dict[str, float]]:
-        """One dict per text; the embeddings come through the cache (a repeated text is encoded once). The head
+    async def predict_many(self, texts: Sequence[str], *, scope: str = OFFLINE_SCOPE) -> list[dict[str, float]]:
+        """One dict per text; the embeddings come through the cache, in `scope` (a tenant's on the serving path:
+        gateway.keyspace; a repeated text is encoded once). The head
         (features, kNN search, outputs: ~0.1-0.5 ms a prompt) runs in the loop's default executor, off the loop."""
         if not texts:
             return []
-        embeddings, _ = await self.embedder.embed_many(texts)
+        embeddings, _ = await self.embedder.embed_many(texts, scope=scope)
         loop = asyncio.get_running_loop()
         scores = await loop.run_in_executor(None, self.head.scores, np.stack(embeddings), list(texts))
         return [dict(zip(self.models, map(float, row), strict=True)) for row in scores]

@@ -171,6 +171,11 @@ class AgreementScorer:
         return 0.0 if norm == 0 else max(-1.0, min(1.0, float(np.dot(a, b)) / norm))
 
 
+def pair_key(tenant: str) -> str:
+    """The Redis stream of a tenant's shadow pairs."""
+    return PAIR_PREFIX + tenant
+
+
 class PairStore:
     """Pairs in a Redis stream per tenant (`shadow:<tenant>`, trimmed to exactly the rule's max_pairs: shadow
     traffic is a low rate) and/or appended to a JSONL file. A Redis failure loses the pair there, not in the file."""
@@ -196,7 +201,7 @@ class PairStore:
         fields: dict[Any, Any] = {"json": line}
 
         async def write() -> bool:
-            await client.xadd(PAIR_PREFIX + pair.tenant, fields, maxlen=max_pairs, approximate=False)
+            await client.xadd(pair_key(pair.tenant), fields, maxlen=max_pairs, approximate=False)
             return True
 
         return bool(await self.guard.run("shadow_pair_add", write, self.timeout_s))
@@ -208,7 +213,7 @@ class PairStore:
         client = self.guard.client
 
         async def read() -> list[Any]:
-            return list(await client.xrevrange(PAIR_PREFIX + tenant, count=count) or [])
+            return list(await client.xrevrange(pair_key(tenant), count=count) or [])
 
         entries = await self.guard.run("shadow_pair_recent", read, self.timeout_s) or []
         return [orjson.loads(fields[b"json"]) for _, fields in entries]

@@ -101,21 +101,21 @@ class Limiter:
         now = time.time()
         if tokens:
             position = WindowPosition.at(now)
-            self._windows.adjust(_local_key(tenant, "tok"), token_delta, position)
-            self._redis_later(lambda c: c.incrby(_key(tenant, "tok", position.index), token_delta))
+            self._windows.adjust(local_key(tenant, "tok"), token_delta, position)
+            self._redis_later(lambda c: c.incrby(rate_key(tenant, "tok", position.index), token_delta))
         if spend:
             day = day_key(now)
             self._budgets.add(tenant.name, day, cost_usd)
-            budget_key = _budget_key(tenant, day)
+            budget_key = spend_key(tenant, day)
             self._redis_later(lambda c: _add_spend(c, budget_key, cost_usd))
 
     async def _admit_redis(self, tenant: TenantPolicy, token_cost: int, position: WindowPosition,
                            day: str) -> list[Any] | None:
         assert self._guard is not None and self._script is not None
         rate = tenant.rate_limit
-        keys = [_key(tenant, "req", position.index), _key(tenant, "req", position.index - 1),
-                _key(tenant, "tok", position.index), _key(tenant, "tok", position.index - 1),
-                _budget_key(tenant, day)]
+        keys = [rate_key(tenant, "req", position.index), rate_key(tenant, "req", position.index - 1),
+                rate_key(tenant, "tok", position.index), rate_key(tenant, "tok", position.index - 1),
+                spend_key(tenant, day)]
         args = [_or_none(rate.requests_per_min if rate else None), _or_none(rate.tokens_per_min if rate else None),
                 token_cost, position.previous_weight, 2 * WINDOW_S, _or_none(tenant.daily_budget_usd)]
         script = self._script
@@ -134,11 +134,11 @@ class Limiter:
             _deny(tenant, "budget", 0.0)
         rate = tenant.rate_limit
         if rate is not None and rate.requests_per_min is not None:
-            wait = self._windows.admit(_local_key(tenant, "req"), 1, rate.requests_per_min / replicas, position)
+            wait = self._windows.admit(local_key(tenant, "req"), 1, rate.requests_per_min / replicas, position)
             if wait is not None:
                 _deny(tenant, "requests", wait)
         if rate is not None and rate.tokens_per_min is not None:
-            wait = self._windows.admit(_local_key(tenant, "tok"), token_cost, rate.tokens_per_min / replicas, position)
+            wait = self._windows.admit(local_key(tenant, "tok"), token_cost, rate.tokens_per_min / replicas, position)
             if wait is not None:
                 _deny(tenant, "tokens", wait)
 
@@ -171,8 +171,8 @@ def _charges(tenant: TenantPolicy, token_cost: int) -> list[tuple[str, float]]:
     rate = tenant.rate_limit
     if rate is None:
         return []
-    return ([(_local_key(tenant, "req"), 1.0)] if rate.requests_per_min is not None else []) + (
-        [(_local_key(tenant, "tok"), float(token_cost))] if rate.tokens_per_min is not None else [])
+    return ([(local_key(tenant, "req"), 1.0)] if rate.requests_per_min is not None else []) + (
+        [(local_key(tenant, "tok"), float(token_cost))] if rate.tokens_per_min is not None else [])
 
 
 def _deny(tenant: TenantPolicy, reason: str, wait_s: float) -> None:
@@ -191,15 +191,15 @@ def _limit_of(tenant: TenantPolicy, reason: str) -> float:
     return float((rate.requests_per_min if reason == "requests" else rate.tokens_per_min) or 0)
 
 
-def _key(tenant: TenantPolicy, kind: str, index: int) -> str:
+def rate_key(tenant: TenantPolicy, kind: str, index: int) -> str:
     return f"rl:{{{tenant.name}}}:{kind}:{index}"  # one hash slot per tenant (Redis Cluster)
 
 
-def _local_key(tenant: TenantPolicy, kind: str) -> str:
+def local_key(tenant: TenantPolicy, kind: str) -> str:
     return f"{tenant.name}:{kind}"
 
 
-def _budget_key(tenant: TenantPolicy, day: str) -> str:
+def spend_key(tenant: TenantPolicy, day: str) -> str:
     return f"rl:{{{tenant.name}}}:usd:{day}"
 
 

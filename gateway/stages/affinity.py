@@ -4,7 +4,9 @@ TTFT; this stage puts the replica that last served the prompt's longest prefix (
 Shared through Redis, so every gateway replica agrees. The affine replica goes first (its predicted
 TTFT counts the warm prefix) unless that prediction exceeds the best replica's by more than
 `balancing.affinity_margin` times and `affinity_slack_ms` (SGLang's gateway switches at 1.5x).
-A stage after the cache: a cache hit needs no replica, so it pays no prefix lookup. `choose` is the
+A stage after the cache: a cache hit needs no replica, so it pays no prefix lookup. Prefixes are kept per
+tenant scope (gateway.keyspace): a tenant follows only its own prompts' prefixes (or those of tenants its
+policy shares the cache with). `choose` is the
 one routing choice (rank, then affinity) admission also makes after a queue wait and for brownout.
 """
 
@@ -18,6 +20,7 @@ from gateway.cache.background import BackgroundWrites
 from gateway.cache.prefix import PrefixStore
 from gateway.config import Replica, Tier
 from gateway.context import RequestContext
+from gateway.keyspace import tenant_scope
 from gateway.types import Reply
 
 
@@ -59,7 +62,7 @@ class AffinityStage:
         """`ranked` with the affine replica first, when there is one worth following."""
         if len(ranked) < 2 or self._store is None:
             return Choice(ranked)
-        match = await self._store.lookup(tier.name, ctx.prompt_text())
+        match = await self._store.lookup(tier.name, _scope(ctx), ctx.prompt_text())
         affine = None if match is None else next((r for r in ranked if r.name == match.replica), None)
         if match is None or affine is None:
             return Choice(ranked)
@@ -80,4 +83,9 @@ class AffinityStage:
         if self._store is None or self._writes is None:
             return
         if ctx.outcome == "ok" and ctx.upstream_started and ctx.tier and ctx.replica and len(ctx.tier.replicas) > 1:
-            self._writes.spawn(self._store.record(ctx.tier.name, ctx.prompt_text(), ctx.replica.name))
+            self._writes.spawn(self._store.record(ctx.tier.name, _scope(ctx), ctx.prompt_text(), ctx.replica.name))
+
+
+def _scope(ctx: RequestContext) -> str:
+    """The request's tenant scope (requests reach this stage authenticated; the anonymous tenant is one too)."""
+    return tenant_scope(ctx.tenant) if ctx.tenant is not None else ctx.tenant_name

@@ -15,9 +15,10 @@ leaves; if it fails, each waiter sends the inputs it waited for itself, once, wi
 in input order. Usage is the backend's own count of what this request sent: inputs from the cache
 or another request's call cost no tokens.
 
-Either way, an input any gateway replica has embedded is not encoded again, and a request whose
-inputs all came from a cache (or another request's call) logs cache "hit" and, like a response
-cache hit, costs 0.
+Either way, an input any gateway replica has embedded for the same tenant scope is not encoded again,
+and a request whose inputs all came from a cache (or another request's call) logs cache "hit" and, like a
+response cache hit, costs 0. Every cache and in-flight call is keyed by the tenant's scope (gateway.keyspace):
+another tenant's identical input is a miss, sent and priced, unless both policies share the cache.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from gateway.cache.embeddings import Vector, Vectors, vector_key
 from gateway.cache.singleflight import SingleFlight
 from gateway.config import Replica
 from gateway.context import RequestContext
+from gateway.keyspace import tenant_scope
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.embeddings import float16_rounded, inputs_of, render
 from gateway.stages.failover import answered, failover, lease, leased
@@ -63,7 +65,7 @@ class EmbedStage:
             vectors = await self._remote.embed(ctx, texts)
         elif tier.embedder is not None and self._embedder is not None:
             ctx.upstream_started = True
-            found, encoded = await self._embedder.embed_many(texts)
+            found, encoded = await self._embedder.embed_many(texts, scope=_scope(ctx))
             ctx.cache = "miss" if encoded else "hit"  # a hit: every input came from the LRU or Redis (priced 0)
             vectors = float16_rounded(found)
         else:
@@ -93,10 +95,11 @@ class RemoteEmbeddings:
         assert ctx.tier is not None and ctx.tier.dimensions is not None
         tier, dimensions = ctx.tier, ctx.tier.dimensions
         model = "|".join(sorted({replica.model for replica in tier.replicas}))  # what the vectors depend on
-        distinct = list(dict.fromkeys(texts))
-        stored = await self._vectors.get_many(model, dimensions, distinct) if self._vectors else [None] * len(distinct)
+        scope, distinct = _scope(ctx), list(dict.fromkeys(texts))
+        stored = (await self._vectors.get_many(scope, model, dimensions, distinct) if self._vectors
+                  else [None] * len(distinct))
         found = {text: vector for text, vector in zip(distinct, stored) if vector is not None}
-        missing = {vector_key(model, dimensions, text): text for text in distinct if text not in found}
+        missing = {vector_key(scope, model, dimensions, text): text for text in distinct if text not in found}
         answers: list[Embedded] = []  # this request's own upstream answers: its usage, also if a later one fails
         try:
             await self._embed_missing(ctx, model, dimensions, missing, found, answers)
@@ -134,7 +137,7 @@ class RemoteEmbeddings:
         """The vectors of `texts` from upstream, written back to Redis (also when the request has left)."""
         answer = await self._upstream(ctx, texts, dimensions)
         if self._vectors is not None:
-            self._vectors.put_later(model, dimensions, list(zip(texts, answer.vectors)))
+            self._vectors.put_later(_scope(ctx), model, dimensions, list(zip(texts, answer.vectors)))
         return answer
 
     async def _upstream(self, ctx: RequestContext, texts: list[str], dimensions: int) -> Embedded:
@@ -150,3 +153,8 @@ class RemoteEmbeddings:
             return answer
 
         return await failover(ctx, self._pool, self._metrics, attempt)
+
+
+def _scope(ctx: RequestContext) -> str:
+    """The tenant scope every cache of this request's inputs is keyed by."""
+    return tenant_scope(ctx.tenant) if ctx.tenant is not None else ctx.tenant_name

@@ -61,9 +61,11 @@ class TableScorer:
         self.default = default
         self.error = error
         self.calls: list[str] = []
+        self.scopes: list[str] = []
 
-    async def score(self, text: str) -> float:
+    async def score(self, text: str, *, scope: str = "*offline*") -> float:
         self.calls.append(text)
+        self.scopes.append(scope)
         if self.error is not None:
             raise self.error
         return self.table.get(text, self.default)
@@ -79,10 +81,12 @@ class TableQualityPredictor:
         self.error = error
         self.models = tuple(sorted({m for scores in [*self.table.values(), self.default] for m in scores}))
         self.calls: list[str] = []
+        self.scopes: list[str] = []
         self.closed = False
 
-    async def predict(self, text: str) -> dict[str, float]:
+    async def predict(self, text: str, *, scope: str = "*offline*") -> dict[str, float]:
         self.calls.append(text)
+        self.scopes.append(scope)
         if self.error is not None:
             raise self.error
         return dict(self.table.get(text, self.default))

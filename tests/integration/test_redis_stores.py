@@ -27,35 +27,35 @@ async def guard(redis_url: str) -> AsyncIterator[RedisGuard]:
 async def test_prefix_lookup_returns_the_replica_of_the_longest_match(guard: RedisGuard) -> None:
     store = PrefixStore(guard)
     history = "user: how do I sort a list in python? assistant: use sorted() or list.sort(). " * 2
-    await store.record("small", SYSTEM + history, "replica-b")
-    await store.record("small", SYSTEM, "replica-a")  # the latest server of a block owns it
-    assert await store.lookup("small", SYSTEM + "user: something else entirely, a new conversation " * 2) == (
+    await store.record("small", "alice", SYSTEM + history, "replica-b")
+    await store.record("small", "alice", SYSTEM, "replica-a")  # the latest server of a block owns it
+    assert await store.lookup("small", "alice", SYSTEM + "user: something else entirely, a new conversation " * 2) == (
         PrefixMatch("replica-a", 2, 128))
-    longest = await store.lookup("small", SYSTEM + history + "user: and in reverse?")
+    longest = await store.lookup("small", "alice", SYSTEM + history + "user: and in reverse?")
     assert longest == PrefixMatch("replica-b", 5, 320)
-    assert await store.lookup("small", "Completely different system prompt. " * 5) is None
-    assert await store.lookup("small", "short") is None  # no complete block: no round trip either
+    assert await store.lookup("small", "alice", "Completely different system prompt. " * 5) is None
+    assert await store.lookup("small", "alice", "short") is None  # no complete block: no round trip either
     assert guard.registry.get_sample_value("gateway_prefix_hit_blocks_total", {"tier": "small"}) == 7
     assert guard.registry.get_sample_value("gateway_prefix_lookups_total", {"tier": "small", "result": "miss"}) == 2
 
 
 async def test_prefixes_are_isolated_between_tiers(guard: RedisGuard) -> None:
     store = PrefixStore(guard)
-    await store.record("small", SYSTEM, "small-0")
-    await store.record("large", SYSTEM, "large-1")
-    assert (await store.lookup("small", SYSTEM)) == PrefixMatch("small-0", 2, 128)
-    assert (await store.lookup("large", SYSTEM)) == PrefixMatch("large-1", 2, 128)
-    assert await store.lookup("medium", SYSTEM) is None
+    await store.record("small", "alice", SYSTEM, "small-0")
+    await store.record("large", "alice", SYSTEM, "large-1")
+    assert (await store.lookup("small", "alice", SYSTEM)) == PrefixMatch("small-0", 2, 128)
+    assert (await store.lookup("large", "alice", SYSTEM)) == PrefixMatch("large-1", 2, 128)
+    assert await store.lookup("medium", "alice", SYSTEM) is None
 
 
 async def test_prefixes_expire_after_their_ttl(guard: RedisGuard) -> None:
     store = PrefixStore(guard, ttl_s=1)
-    await store.record("small", SYSTEM, "replica-a")
-    assert await store.lookup("small", SYSTEM) is not None
+    await store.record("small", "alice", SYSTEM, "replica-a")
+    assert await store.lookup("small", "alice", SYSTEM) is not None
     ttls = [await guard.client.ttl(key) for key in await guard.client.keys("pfx:*")]
     assert ttls == [1, 1]
     await asyncio.sleep(1.1)
-    assert await store.lookup("small", SYSTEM) is None
+    assert await store.lookup("small", "alice", SYSTEM) is None
 
 
 async def test_embeddings_round_trip_as_float16(guard: RedisGuard) -> None:
@@ -81,7 +81,7 @@ async def test_stores_answer_none_when_redis_is_down() -> None:
     embeddings, prefixes = EmbeddingStore(guard), PrefixStore(guard)
     assert await embeddings.get_many(["a", "b"]) == [None, None]
     await embeddings.put_many([("a", np.zeros(384, np.float32))])
-    assert await prefixes.lookup("small", SYSTEM) is None
-    await prefixes.record("small", SYSTEM, "x")
+    assert await prefixes.lookup("small", "alice", SYSTEM) is None
+    await prefixes.record("small", "alice", SYSTEM, "x")
     assert not guard.up
     await client.aclose()

@@ -19,8 +19,8 @@ from gateway.classifier.difficulty import (
     load_classifier,
     sentence_embedder,
 )
-from gateway.classifier.embedder import CachedEmbedder, LazyEncoder
-from gateway.classifier.embedding_cache import cache_key
+from gateway.classifier.embedder import OFFLINE_SCOPE, CachedEmbedder, LazyEncoder
+from gateway.classifier.embedding_cache import cache_key, scoped_key
 from gateway.classifier.encoder import DIFFICULTY, SENTENCE, EncoderSession, default_model_path
 from gateway.classifier.head import FEATURES, HeadSession
 from gateway.training.fit import build_head_onnx
@@ -101,23 +101,23 @@ async def test_scores_are_deterministic_and_equal_the_head_on_the_embedding(head
 async def test_a_store_hit_skips_the_encoder(head_path: Path) -> None:
     store = FakeStore()
     stored = fake_embedding("something else entirely")
-    store.data["ns:" + cache_key("what is 2+2?")] = stored
+    store.data["ns:" + scoped_key(OFFLINE_SCOPE, "what is 2+2?")] = stored
     clf, encoder = classifier(head_path, store)
     score = await clf.score("what is 2+2?")
     assert encoder.texts == [] and clf.embedder.store_hits == 1
     assert score == pytest.approx(expected_score(stored, "what is 2+2?"), abs=1e-6)
     await clf.score("what is 2+2?")
-    assert store.gets == ["ns:" + cache_key("what is 2+2?")]  # the second call is an in-process LRU hit
+    assert store.gets == ["ns:" + scoped_key(OFFLINE_SCOPE, "what is 2+2?")]  # the second call is an in-process LRU hit
     clf.close()
 
 
 async def test_a_miss_encodes_and_writes_back_in_the_background(head_path: Path) -> None:
     store = FakeStore()
     clf, encoder = classifier(head_path, store)
-    emb = await clf.embedder.embedding("translate 'chat' into English")
+    emb = await clf.embedder.embedding("translate 'chat' into English", scope=OFFLINE_SCOPE)
     await clf.embedder.drain()
     assert encoder.texts == ["translate 'chat' into English"] and clf.embedder.encoded == 1
-    np.testing.assert_array_equal(store.data["ns:" + cache_key("translate 'chat' into English")], emb)
+    np.testing.assert_array_equal(store.data["ns:" + scoped_key(OFFLINE_SCOPE, "translate 'chat' into English")], emb)
     assert not emb.flags.writeable
     await clf.aclose()
 
@@ -205,7 +205,8 @@ async def test_the_semantic_embedder_is_the_sentence_graph_in_its_own_namespace(
     write_model(tmp_path, head_path, file_sha256(default_model_path("int8", DIFFICULTY)))
     clf = load_classifier(tmp_path, providers=["CPUExecutionProvider"], store=store)
     text = "How do I sort a list in Python?"
-    vector, features = await sentences.embedding(text), await clf.embedder.embedding(text)
+    vector, features = (await sentences.embedding(text, scope=OFFLINE_SCOPE),
+                        await clf.embedder.embedding(text, scope=OFFLINE_SCOPE))
     await sentences.drain()
     await clf.embedder.drain()
     reference = EncoderSession(default_model_path("int8", SENTENCE), providers=["CPUExecutionProvider"]).embed([text])[0]

@@ -37,7 +37,7 @@ class WarmOn:
         self.replica = replica
         self.lookups = 0
 
-    async def lookup(self, tier: str, prefix_text: str) -> PrefixMatch:
+    async def lookup(self, tier: str, scope: str, prefix_text: str) -> PrefixMatch:
         self.lookups += 1
         return PrefixMatch(self.replica, 4, 4 * self.block_chars)
 
