@@ -18,8 +18,9 @@ from typing import Any
 from . import physics, tokens
 from .faults import FaultConfig, FaultInjector
 from .prefix_cache import PrefixCache
+from .parse import GenRequest
 from .profiles import Profile
-from .sequence import Sequence, SeqState
+from .sequence import PromptShare, Sequence, SeqState
 from .stats import EngineStats, RequestRecord, Status
 
 MAX_LAG_S = 0.05  # how far the real-time scheduler may run behind before it stops catching up
@@ -70,11 +71,12 @@ class Engine:
     def create(
         self, prompt: Seq[str | int], prompt_hash: int, max_tokens: int | None, *,
         ignore_eos: bool = False, min_tokens: int = 0, request_seed: int | None = None,
-        prefill: str | None = None, base_tokens: int = 0,
+        prefill: str | None = None, base_tokens: int = 0, index: int = 0, share: PromptShare | None = None,
     ) -> Sequence:
         """Validate a request and fix its output; raises RequestError. `prefill` continues an answer: the
         request's prompt is a prompt of `base_tokens` tokens (hashed as `prompt_hash`) plus this start of the
-        answer, and the output is what follows it (`_continued`)."""
+        answer, and the output is what follows it (`_continued`). `index` is the sequence's number among its
+        prompt's (n > 1): each gets its own answer, index 0 the one n = 1 gets."""
         p = self.profile
         n_prompt = len(prompt)
         limit = p.max_model_len
@@ -90,15 +92,30 @@ class Engine:
                 "completion). Please reduce the length of the messages or completion."
             )
         min_tokens = min(min_tokens, max_tokens)
+        prompt_hash = tokens.choice_hash(prompt_hash, index)
         if prefill is None:
             rng = tokens.output_rng(self.seed, prompt_hash, request_seed)
             output = tokens.draw_tokens(rng, physics.draw_output_len(p, rng, max_tokens, ignore_eos, min_tokens))
         else:
             output = self._continued(prefill, prompt_hash, base_tokens, given, max_tokens, ignore_eos, min_tokens,
                                      request_seed)
-        seq = Sequence(self._next_id, n_prompt, tokens.block_hashes(prompt, p.block_size), output, max_tokens)
+        seq = Sequence(self._next_id, n_prompt, tokens.block_hashes(prompt, p.block_size), output, max_tokens,
+                       index, prompt_hash, share)
         self._next_id += 1
         return seq
+
+    def create_all(self, req: GenRequest) -> list[Sequence]:
+        """Every sequence of a request, prompt by prompt, best_of (>= n) of each; raises RequestError. The
+        sequences of one prompt share its full blocks (`PromptShare`)."""
+        per, size = req.best_of, self.profile.block_size
+        seqs: list[Sequence] = []
+        for prompt in req.prompts:
+            share = PromptShare(len(prompt.tokens) // size * size) if per > 1 else None
+            for j in range(per):
+                seqs.append(self.create(prompt.tokens, prompt.hash, req.max_tokens, ignore_eos=req.ignore_eos,
+                                        min_tokens=req.min_tokens, request_seed=req.seed, prefill=req.prefill,
+                                        base_tokens=req.base_tokens, index=j, share=share))
+        return seqs
 
     def _continued(self, prefill: str, prompt_hash: int, base_tokens: int, given: int | None, max_tokens: int,
                    ignore_eos: bool, min_tokens: int, request_seed: int | None) -> list[int]:
@@ -127,14 +144,7 @@ class Engine:
 
     def release(self, seq: Sequence, status: Status, sent_tokens: int) -> RequestRecord:
         """Remove a sequence for good (frees its KV at once) and record it."""
-        if seq.state is SeqState.RUNNING:
-            del self._running[seq.id]
-            self.kv_used -= seq.context_tokens
-        elif seq.state is SeqState.WAITING:
-            self._n_waiting -= 1  # the deque entry is skipped lazily
-        if seq.state is not SeqState.FINISHED:
-            seq.state = SeqState.ABORTED
-            seq.finished_at = self.clock
+        self._free(seq)
         first, arr = seq.first_token_at, seq.arrival
         rec = RequestRecord(
             seq.id, status, seq.prompt_tokens, seq.cached_tokens, seq.generated, sent_tokens,
@@ -146,10 +156,65 @@ class Engine:
         seq.notify()
         return rec
 
-    def record_rejection(self, seq: Sequence) -> None:
+    def release_all(self, seqs: Seq[Sequence], status: Status, sent_tokens: int) -> RequestRecord:
+        """Remove the sequences of one request and record them as one request: its prompts' tokens once each
+        (a prompt's siblings share it), every sequence's output, the first token and the last finish."""
+        for seq in seqs:
+            self._free(seq)
+        owners = [s for s in seqs if s.index == 0]
+        firsts = [s.first_token_at - s.arrival for s in seqs if s.first_token_at is not None]
+        ends = [s.finished_at - s.arrival for s in seqs if s.finished_at is not None and s.first_token_at is not None]
+        finished = all(s.state is SeqState.FINISHED for s in seqs)
+        rec = RequestRecord(
+            seqs[0].id, status, sum(s.prompt_tokens for s in owners), sum(s.cached_tokens for s in owners),
+            sum(s.generated for s in seqs), sent_tokens,
+            "length" if finished and any(s.finish_reason == "length" for s in seqs) else
+            "stop" if finished else None,
+            sum(s.preemptions for s in seqs), min(firsts) if firsts else None,
+            max(ends) if ends and len(ends) == len(seqs) else None,
+        )
+        self.stats.add(rec)
+        for seq in seqs:
+            seq.notify()
+        return rec
+
+    def _free(self, seq: Sequence) -> None:
+        if seq.state is SeqState.RUNNING:
+            del self._running[seq.id]
+            self._drop(seq)
+        elif seq.state is SeqState.WAITING:
+            self._n_waiting -= 1  # the deque entry is skipped lazily
+        if seq.state is not SeqState.FINISHED:
+            seq.state = SeqState.ABORTED
+            seq.finished_at = self.clock
+
+    def _need(self, seq: Sequence) -> int:
+        """KV tokens `seq` adds when it starts running (its siblings may hold its prompt's shared blocks)."""
+        sh = seq.share
+        if sh is None or sh.holders == 0:
+            return seq.context_tokens
+        return seq.context_tokens - sh.tokens
+
+    def _hold(self, seq: Sequence) -> None:
+        self.kv_used += self._need(seq)
+        if seq.share is not None:
+            seq.share.holders += 1
+
+    def _drop(self, seq: Sequence) -> None:
+        sh = seq.share
+        if sh is None:
+            self.kv_used -= seq.context_tokens
+            return
+        sh.holders -= 1
+        self.kv_used -= seq.context_tokens - (sh.tokens if sh.holders else 0)
+
+    def record_rejection(self, seqs: Sequence | Seq[Sequence]) -> None:
         """Count a created request refused by an injected 500/429 fault (never queued)."""
-        seq.state = SeqState.ABORTED
-        self.stats.add(RequestRecord(seq.id, "fault", seq.prompt_tokens, 0, 0, 0, None, 0, None, None))
+        group = [seqs] if isinstance(seqs, Sequence) else list(seqs)
+        for seq in group:
+            seq.state = SeqState.ABORTED
+        prompt = sum(s.prompt_tokens for s in group if s.index == 0)
+        self.stats.add(RequestRecord(group[0].id, "fault", prompt, 0, 0, 0, None, 0, None, None))
 
     # -- scheduler ---------------------------------------------------------------------
     def step(self) -> float:
@@ -163,10 +228,12 @@ class Engine:
             if seq.state is not SeqState.WAITING:
                 waiting.popleft()
                 continue
-            if self.kv_used + len(running) + seq.context_tokens + 1 > p.kv_capacity_tokens:
+            if self.kv_used + len(running) + self._need(seq) + 1 > p.kv_capacity_tokens:
                 break
             if not seq.admitted_once:
                 seq.cached_tokens = self.prefix_cache.lookup(seq.block_hashes, seq.prompt_tokens)
+                if seq.share is not None and seq.share.holders:  # a running sibling holds the prompt's blocks
+                    seq.cached_tokens = max(seq.cached_tokens, min(seq.share.tokens, seq.prompt_tokens - 1))
             compute = seq.context_tokens - seq.cached_tokens
             if prefill and prefill + compute > p.max_batched_tokens:
                 break
@@ -192,14 +259,14 @@ class Engine:
         self.stats.generation_tokens += len(running)
         for seq in finished:
             del running[seq.id]
-            self.kv_used -= seq.context_tokens
+            self._drop(seq)
             seq.state = SeqState.FINISHED
             seq.finished_at = clock
 
     def _admit(self, seq: Sequence) -> None:
         seq.state = SeqState.RUNNING
         self._running[seq.id] = seq
-        self.kv_used += seq.context_tokens
+        self._hold(seq)
         if not seq.admitted_once:
             seq.admitted_once = True
             self.stats.prompt_tokens += seq.prompt_tokens
@@ -207,7 +274,7 @@ class Engine:
 
     def _preempt(self, seq: Sequence) -> None:
         del self._running[seq.id]
-        self.kv_used -= seq.context_tokens
+        self._drop(seq)
         seq.state = SeqState.WAITING
         seq.preemptions += 1
         self.stats.preemptions += 1

@@ -56,6 +56,11 @@ def block_hashes(tokens: Sequence[str | int], block_size: int) -> list[int]:
     return out
 
 
+def choice_hash(prompt_hash: int, index: int) -> int:
+    """The hash seeding choice `index` of a prompt (index 0: the prompt's own, what n = 1 gets)."""
+    return prompt_hash if index == 0 else stable_hash(f"{prompt_hash}#{index}")
+
+
 def output_rng(seed: int, prompt_hash: int, request_seed: int | None) -> np.random.Generator:
     """The generator that decides a request's output length and tokens."""
     extra = 0 if request_seed is None else (request_seed & 0xFFFFFFFFFFFF) + 1
@@ -79,3 +84,22 @@ def output_count(text: str) -> int | None:
     """How many output tokens `text` is, when it is made of vocabulary tokens (None: it is not)."""
     pieces = _VOCAB_RE.findall(text)
     return len(pieces) if "".join(pieces) == text else None
+
+
+def token_logprobs(choice_hash: int, ids: Sequence[int], top: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Deterministic log-probabilities of a choice's tokens: per token its own logprob and the `top` most likely
+    tokens (itself first, as a greedy model's pick is the most likely; then distinct others, each less likely)."""
+    if not ids:
+        return []
+    rng = np.random.default_rng([choice_hash, 0x10C])
+    own = (-rng.exponential(0.35, len(ids))).tolist()
+    out: list[tuple[float, list[tuple[int, float]]]] = []
+    vocab = len(VOCAB)
+    for tok, lp in zip(ids, own):
+        alts: list[tuple[int, float]] = [(tok, lp)] if top > 0 else []
+        if top > 1:
+            offsets = rng.choice(vocab - 1, size=top - 1, replace=False) + 1
+            gaps = np.cumsum(rng.exponential(1.0, top - 1) + 0.01)
+            alts += [((tok + int(o)) % vocab, lp - float(g)) for o, g in zip(offsets, gaps)]
+        out.append((lp, alts))
+    return out

@@ -87,7 +87,7 @@ def test_parse_chat_and_completion_bodies() -> None:
 @pytest.mark.parametrize("body", [
     b"not json", b"[]", b'{"messages": [{"role": "user", "content": "x"}]}',
     b'{"model": "m", "messages": []}', b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}',
-    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}',
+    b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}',
 ])
 def test_parse_rejects_bad_bodies(body: bytes) -> None:
     with pytest.raises(BadRequest):
