@@ -124,11 +124,18 @@ async def test_the_daily_budget_stops_a_tenant(start_emulator: StartEmulator, st
     import asyncio
 
     # prices: 1 USD / 2 USD per 1M tokens; a budget of 1e-5 USD is spent after a few requests
+    import math
+
     url, _ = await gateway(start_emulator, start_app, redis_url, daily_budget_usd=0.00001)
     statuses = []
-    for _ in range(8):
-        statuses.append((await post(url, max_tokens=5, ignore_eos=True))[0])
-        await asyncio.sleep(0.05)  # the spend is booked after the answer
-    assert statuses[0] == 200 and statuses[-1] == 429
+    with capture_logs() as logs:
+        for _ in range(8):
+            statuses.append((await post(url, max_tokens=5, ignore_eos=True))[0])
+            await asyncio.sleep(0.05)  # the spend is booked after the answer
+    costs = [e["cost_usd"] for e in logs if e["event"] == "request" and e["status"] == 200]
+    assert costs and all(c == pytest.approx(costs[0]) and c > 0 for c in costs)
+    # the whole cost of each answer is booked: admitted while the spend so far is under the budget
+    served = math.ceil(0.00001 / costs[0])
+    assert statuses == [200] * served + [429] * (8 - served), (statuses, costs[0])
     status, answer, headers = await post(url, max_tokens=1)
     assert answer["error"]["code"] == "budget_exhausted" and int(headers["Retry-After"]) > 0
