@@ -157,14 +157,16 @@ class RequestOwners:
     async def lookup(self, request_id: str) -> RequestOwner | None:
         """The owner, or None when the id is unknown or expired; raises Overloaded when only Redis could tell
         and Redis is unavailable."""
-        local = self._local.get(request_id)
+        owner, local = None, self._local.get(request_id)
         if local is not None:
-            owner, expires = local
-            if self._clock() < expires:
-                return owner
-            del self._local[request_id]
+            if self._clock() < local[1]:
+                owner = local[0]
+            else:
+                del self._local[request_id]
         if self.guard is None:
-            return None
+            return owner
+        # Redis is read whatever this process knows (issue 37): an id it served, another tenant's say, costs the
+        # same round trip as an unknown one, so the answer's timing does not tell them apart
         client, now = self.guard.client, self._wall()
         buckets = [owner_bucket_key(now - back * OWNER_BUCKET_S) for back in range(self.ttl_s // OWNER_BUCKET_S + 2)]
 
@@ -176,10 +178,13 @@ class RequestOwners:
 
         found = await self.guard.run("feedback_owner_get", read, WRITE_TIMEOUT_S)
         if found is None:
+            if owner is not None:
+                return owner
             raise Overloaded("feedback cannot be checked right now (request store unavailable); retry",
                              code="feedback_store_unavailable", retry_after=1)
         raw = next((value for value in found if value is not None), None)
-        return None if raw is None else RequestOwner.decode(raw)
+        stored = None if raw is None else RequestOwner.decode(raw)
+        return owner if owner is not None else stored
 
     async def aclose(self) -> None:
         """Write what is pending (at shutdown)."""
