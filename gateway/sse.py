@@ -7,6 +7,13 @@ after an output cap is reached (the chunk that crosses a character cap is trimme
 back `[DONE]` and what follows: `ending` writes the stream's last events, and the relay decides
 what they carry.
 
+The output cap holds for every output (issue 37): a request with several (`n`, a list of prompts:
+`outputs` > 1) is counted and cut per choice `index`. The chunk that takes a choice to its cap says
+finish_reason "length" for it; that choice's later content and finish are dropped (tallied as work
+the backend did, not forwarded), the other choices go on, and the stream ends as the backend ends it
+(capped, upstream cancelled, only once every output is). One output keeps the single-answer path:
+the cap ends the stream and `ending` writes the "length" finish.
+
 Every data event is parsed (orjson: ~1 µs for a chunk; a regex pre-check measured slower).
 """
 
@@ -43,16 +50,29 @@ class StreamTally:
     malformed: int = 0
     head: dict[str, Any] = field(default_factory=dict)  # id, object, created, model of the chunks
     text: list[str] | None = None  # the content pieces, when collecting (for the response cache)
+    cut: int = 0  # outputs the cap cut (several outputs: each ended with "length"; one: `capped`)
+
+
+@dataclass(slots=True)
+class _Choice:
+    """One output's count under the cap (several outputs only)."""
+
+    chunks: int = 0
+    chars: int = 0
+    done: bool = False  # reached its cap: its later events are dropped
 
 
 class SseScanner:
     def __init__(self, endpoint: Endpoint, *, forward_usage: bool, collect_text: bool = False,
-                 limit: OutputLimit | None = None) -> None:
+                 limit: OutputLimit | None = None, outputs: int = 1) -> None:
         self.tally = StreamTally(text=[] if collect_text else None)
         self._chat = endpoint == "chat"
         self._forward_usage = forward_usage
         self._limit = limit
         self._pending = b""
+        self._outputs = outputs
+        # several outputs under a cap: each counted and cut by its index (None: the single-answer path)
+        self._choices: dict[int, _Choice] | None = {} if limit is not None and outputs > 1 else None
 
     def feed(self, data: bytes) -> bytes:
         if not self._pending and data.startswith(b"data: ") and data.find(b"\n") == len(data) - 2 \
@@ -115,6 +135,8 @@ class SseScanner:
             self.tally.usage = usage
         if not choices:
             return raw if self._forward_usage or not usage else None
+        if self._choices is not None:
+            return self._tally_choices(self._choices, choices, chunk, raw)
         choice = choices[0]
         return self._tally_choice(choice, chunk, raw) if isinstance(choice, dict) else raw
 
@@ -143,6 +165,71 @@ class SseScanner:
             tally.capped = True
         return raw
 
+    def _tally_choices(self, states: dict[int, _Choice], choices: list[Any], chunk: dict[str, Any],
+                       raw: bytes) -> bytes | None:
+        """Tally a chunk of a request with several outputs under a cap, each choice by its index: the chunk
+        as it came, a copy with choices cut or dropped, or None when nothing of it is left to forward."""
+        kept: list[Any] = []
+        changed = False
+        for choice in choices:
+            out = self._cap_choice(states, choice) if isinstance(choice, dict) else choice
+            changed = changed or out is not choice
+            if out is not None:
+                kept.append(out)
+        if not changed:
+            return raw
+        if not kept and not (self._forward_usage and chunk.get("usage")):
+            return None
+        return b"data: " + orjson.dumps({**chunk, "choices": kept})
+
+    def _cap_choice(self, states: dict[int, _Choice], choice: dict[str, Any]) -> dict[str, Any] | None:
+        """One choice under the cap: itself, a copy cut to the cap (finish_reason "length"), or None (past it)."""
+        index = choice.get("index")
+        key = index if isinstance(index, int) else 0
+        state = states.get(key)
+        if state is None:
+            state = states[key] = _Choice()
+        delta = choice.get("delta") if self._chat else None
+        content = (delta.get("content") if isinstance(delta, dict) else None) if self._chat else choice.get("text")
+        tally = self.tally
+        if not isinstance(content, str):
+            content = None
+        if state.done:  # generated (priced when counted), never forwarded
+            if content:
+                tally.content_chunks += 1
+            return None
+        reason = choice.get("finish_reason")
+        if reason:
+            tally.finish_reason = reason
+        if not content:
+            return choice
+        limit = self._limit or OutputLimit()
+        cut = limit.chars is not None and state.chars + len(content) > limit.chars
+        if limit.chars is not None and cut:
+            content = content[: limit.chars - state.chars]
+        state.chunks += 1
+        state.chars += len(content)
+        tally.content_chunks += 1
+        tally.content_chars += len(content)
+        if tally.first_token_at is None:
+            tally.first_token_at = time.perf_counter()
+        if tally.text is not None:
+            tally.text.append(content)
+        if not cut and not (limit.chars is not None and state.chars >= limit.chars) \
+                and not (limit.tokens is not None and state.chunks >= limit.tokens):
+            return choice
+        state.done = True
+        tally.cut += 1
+        if tally.cut >= self._outputs:
+            tally.capped = True  # every output is at its cap: the relay ends the stream
+        ended = {**choice, "finish_reason": "length" if cut or not reason else reason}
+        if cut:
+            if self._chat:
+                ended["delta"] = {**choice["delta"], "content": content}
+            else:
+                ended["text"] = content
+        return ended
+
     def _rewrite(self, chunk: dict[str, Any], choice: dict[str, Any], content: str) -> bytes:
         if self._chat:
             choice["delta"] = {**choice["delta"], "content": content}
@@ -155,7 +242,7 @@ class SseScanner:
         when `usage` is, then [DONE]."""
         events: list[dict[str, Any]] = []
         head = self.tally.head
-        if reason is not None:
+        if reason is not None and not (self._choices is not None and self.tally.capped):  # each said "length"
             choice: dict[str, Any] = {"index": 0, "delta": {}} if self._chat else {"index": 0, "text": ""}
             events.append({**head, "choices": [{**choice, "finish_reason": reason}]})
         if usage is not None:

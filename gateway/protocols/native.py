@@ -2,7 +2,8 @@
 upstream as the client sent it (model and the tenant's max_output_tokens set), the answer comes back untouched,
 and these read from it what accounting and the cache need, as the chat path's scanner and settle do.
 Limits: the output cap stops a native stream (upstream cancelled) without a `response.incomplete` event of
-the gateway's own, and a non-streamed native answer is capped by `max_output_tokens` only (no character cap).
+the gateway's own; a non-streamed native answer's text is cut to the character cap by the proxy stage
+(status "incomplete", reason max_output_tokens). A Responses request asks for one output.
 """
 
 from __future__ import annotations

@@ -1,6 +1,12 @@
 """Account: settle the token counts, price the request, and write its one log line and metrics.
 
 Runs for every request that reached the gateway, whatever happened: first of `RequestPath.finish`.
+
+Work done is priced (issue 37), and the log line's `priced_from` says from what (`PRICED_FROM`): the
+backend's usage; the gateway's counts (the tier's tokenizer for the prompt, the stream's content chunks or
+the answer's text); or, for a client that left before the answer came, the prompt counted and the output
+estimated from the replica's decode rate (`gateway.stages.proxy.price_abandoned`). None: no backend
+did any work for the request (refused, a cache hit, every attempt failed), and it costs nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +24,12 @@ from gateway.metrics import GatewayMetrics
 from gateway.stages.resume import priced_parts
 from gateway.tokens import TokenCounters
 
+PRICED_FROM = {
+    "backend_usage": "the backend's usage (prompt and completion tokens it reported)",
+    "counted": "the gateway's counts: the prompt by the tier's tokenizer, the output by stream chunks or text",
+    "estimated_decode_rate": "the client left first: prompt counted, output from the replica's measured TPOT",
+    "prompt_only": "the client left first: prompt counted, no output (none came, or no decode rate measured)",
+}
 NO_ARM: dict[str, Any] = {"experiment": None, "arm": None, "arm_control": None}  # not in an experiment (issue 22)
 
 
@@ -61,6 +73,7 @@ class Accountant:
             "completion_tokens": completion,
             "cached_tokens": ctx.cached_tokens,
             "usage_source": ctx.usage_source,
+            "priced_from": ctx.priced_from,
             "ttft_ms": _ms(ttft_s),
             "tpot_ms": _ms(tpot_s),
             "e2e_ms": _ms(e2e_s),
@@ -97,23 +110,29 @@ class Accountant:
         return self._counters.for_spec(tier.tokenizer).count_prompt("chat", body)
 
     def count_tokens(self, ctx: RequestContext) -> None:
-        """Fill in counts the backend did not report: output chunks (streams) or a tokenizer. Once: the
-        relay counts when it sends the client a usage chunk of its own, and the log line then says the same."""
-        if ctx.usage_source is not None or not ctx.upstream_started or ctx.tier is None:
+        """Fill in counts the backend did not report: output chunks (streams) or a tokenizer; an abandoned
+        attempt's estimated output stays. Once: the relay counts when it sends the client a usage chunk of its
+        own, and the log line then says the same. Says what the price is made of (`priced_from`)."""
+        if ctx.usage_source == "backend":
+            ctx.priced_from = "backend_usage"
+        if ctx.usage_source is not None or not (ctx.upstream_started or ctx.priced_from) or ctx.tier is None:
             return
         counter = self._counters.for_spec(ctx.tier.tokenizer)
         ctx.prompt_tokens = counter.count_prompt(ctx.endpoint, ctx.body)
-        ctx.completion_tokens = ctx.output_chunks if ctx.stream else counter.count(ctx.response_text or "")
+        if ctx.priced_from is None:
+            ctx.completion_tokens = ctx.output_chunks if ctx.stream else counter.count(ctx.response_text or "")
+            ctx.priced_from = "counted"
         ctx.usage_source = "counted"
 
 
 def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     """(cost, avoided by the cache, the same tokens on the baseline tier), at the prices of the day served.
 
-    Served requests cost their tokens (aborted streams: the tokens generated); cache hits cost 0
-    and avoided their tier's price; requests no backend served cost 0 against a baseline of 0."""
+    Served requests cost their tokens (aborted streams: the tokens generated; a client gone before the
+    answer: the prompt and the estimated output); cache hits cost 0 and avoided their tier's price; requests
+    no backend worked on cost 0 against a baseline of 0."""
     hit = ctx.cache in ("hit", "semantic_hit")
-    if ctx.tier is None or not (ctx.upstream_started or hit):
+    if ctx.tier is None or not (ctx.upstream_started or ctx.priced_from or hit):
         return 0.0, 0.0, 0.0
     tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
     priced = (sum(part["cost_usd"] for part in priced_parts(ctx, day)) if ctx.resumed_parts

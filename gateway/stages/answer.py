@@ -38,7 +38,7 @@ class ContextSink:
     def closed(self, tally: StreamTally, end: StreamEnd) -> None:
         ctx = self._ctx
         self._settle(tally)
-        ctx.output_capped = ctx.output_capped or end.capped
+        ctx.output_capped = ctx.output_capped or end.capped or tally.cut > 0  # one output, or some of several
         if end.added_finish is not None:
             ctx.error = ctx.error or "upstream_missing_finish"
             log.warning("upstream_missing_finish", request_id=ctx.request_id,
@@ -46,8 +46,8 @@ class ContextSink:
                         completion_chunks=tally.content_chunks, max_tokens=ctx.max_tokens)
         if end.delivered and ctx.outcome == "client_disconnected":
             ctx.status, ctx.outcome = 200, "ok"  # the client had all of it, [DONE] included, then closed
-        self._lease.release(failed=end.failed and ctx.outcome == "upstream_error",
-                            completion=ctx.completion_tokens or ctx.output_chunks)
+        self._lease.release(failed=end.failed and ctx.outcome == "upstream_error",  # per output: the TPOT
+                            completion=(ctx.completion_tokens or ctx.output_chunks) // outputs(ctx)[1])
 
     def _settle(self, tally: StreamTally) -> None:
         ctx = self._ctx
@@ -59,6 +59,18 @@ class ContextSink:
         if tally.malformed and ctx.error is None:
             ctx.error = "upstream_malformed_events"  # forwarded without them; never cached
         apply_usage(ctx, tally.usage)
+
+
+def outputs(ctx: RequestContext) -> tuple[int, int]:
+    """(answers the client gets: prompts x n, answers the backend writes: prompts x max(n, best_of)); a stream's
+    choice indexes run over the first. The backend decodes them side by side: a TPOT is per output."""
+    body = ctx.body
+    n, best_of = body.get("n"), body.get("best_of")
+    n = n if type(n) is int and n > 1 else 1
+    best_of = best_of if type(best_of) is int and best_of > n else n
+    prompt = body.get("prompt") if ctx.endpoint == "completions" else None
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    return prompts * n, prompts * best_of
 
 
 def apply_usage(ctx: RequestContext, usage: object) -> None:
