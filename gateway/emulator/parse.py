@@ -123,6 +123,8 @@ def _render_part(part: Any) -> str:
         return str(part["refusal"])
     if isinstance(kind, str) and kind in MEDIA_FIELDS:
         inner = part.get(kind)
+        if inner is None:  # the reference on the part itself (Responses' input_image: {"image_url": ...})
+            inner = part
         ref = inner.get(MEDIA_FIELDS[kind]) if isinstance(inner, dict) else inner
         if kind == "input_audio" and isinstance(inner, dict) and isinstance(ref, str):
             ref = f"{inner.get('format')}:{ref}"
