@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from gateway.app import create_app
 from gateway.config import GatewayConfig, PolicyConfig
 from gateway.testing import TEST_API_KEY, gateway_config, sse_event, tier
-from tests.conftest import StartApp
+from tests.conftest import StartApp, StartEmulator
 
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
 WORD = "abcdefg "  # one token of 8 characters
@@ -201,3 +201,17 @@ async def test_a_whole_answer_from_a_tier_serving_responses_natively_is_cut_at_t
     assert (answer["status"], answer["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
     line = next(e for e in logs if e["event"] == "request")
     assert (line["output_capped"], line["finish_reason"], line["completion_tokens"]) == (True, "length", 2)
+
+
+async def test_the_emulator_serving_n_streamed_has_each_choice_cut(start_emulator: StartEmulator,
+                                                                   start_app: StartApp) -> None:
+    emulator = await start_emulator("int4")  # real decode pacing: every choice is still decoding at its cap
+    url = await start_app(create_app(capped(gateway_config([tier("t", [f"{emulator.url}/v1"])]), chars=40)))
+    with capture_logs() as logs:
+        raw = await post(url, "chat/completions", {"model": "t", "stream": True, "n": 4, "max_tokens": 400,
+                                                   "ignore_eos": True, "messages": [{"role": "user", "content": "x"}]})
+    texts, finishes, _ = per_index(raw, True)
+    assert [len(texts[i]) for i in range(4)] == [40] * 4 and [finishes[i] for i in range(4)] == [["length"]] * 4
+    line = next(e for e in logs if e["event"] == "request")
+    assert (line["output_capped"], line["outcome"], line["priced_from"]) == (True, "ok", "counted")
+    assert line["completion_tokens"] < 4 * 400  # every choice cut: the backend cancelled, its tokens counted
