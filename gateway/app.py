@@ -78,7 +78,8 @@ def create_app(
     collector.register(gateway.pool, metrics.registry)
     gateway.accountant.prepare(config)  # load tokenizers now, never on the request path
     if config_files is not None:
-        gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.accountant.prepare)
+        gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.accountant.prepare,
+                                          serving=config)
     app = web.Application(client_max_size=BODY_CEILING, handler_args=limits.handler_args())
     app[GATEWAY] = gateway
 

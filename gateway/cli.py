@@ -158,6 +158,8 @@ def _parser() -> argparse.ArgumentParser:
         "the output says which cross-file checks were skipped.")
     check.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="routes and policy files")
     check.add_argument("--routes", type=Path, metavar="FILE", help="check every policy against this routes file")
+    check.add_argument("--previous", type=Path, metavar="FILE", help="the policy serving now: refuse what a reload "
+                       "refuses, a tenant or a set field it has and the new file lacks without `removes:` naming it")
     check.set_defaults(handler=_policy_check)
     schema = policy.add_parser("schema", help="print the JSON Schema of policy (or routes) files, for editors")
     schema.add_argument("--routes", action="store_true", help="the routes file schema instead")
@@ -203,14 +205,20 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> GatewayConfig | None:
+    """The config, its tiers' tokenizers loaded once to check them (as a reload and `policy check` do)."""
     from gateway.config import ConfigError, load_config
+    from gateway.config.tokenizers import check_tokenizers
 
     try:
-        return load_config(args.routes, args.policies)
+        config = load_config(args.routes, args.policies)
     except ConfigError as err:
         for issue in err.issues:
             print(issue, file=sys.stderr)
         return None
+    issues = check_tokenizers(args.routes, config.routes)
+    for issue in issues:
+        print(issue, file=sys.stderr)
+    return None if issues else config
 
 
 def _servable(args: argparse.Namespace) -> GatewayConfig | None:
@@ -438,7 +446,7 @@ def _policy_schema(args: argparse.Namespace) -> int:
 def _policy_check(args: argparse.Namespace) -> int:
     from gateway.config.check import check_paths
 
-    results = check_paths(args.paths, args.routes)
+    results = check_paths(args.paths, args.routes, args.previous)
     for result in results:
         print("\n".join(result.lines()))
     return 1 if any(result.issues for result in results) else 0

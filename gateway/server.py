@@ -65,12 +65,19 @@ async def running(app: web.Application, host: str = "127.0.0.1") -> AsyncIterato
 
 
 def stop_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (installed on the running loop)."""
+    """An event set by SIGINT or SIGTERM (installed on the running loop). SIGHUP, whose default action ends the
+    process without a drain, is logged and ignored until the config reloader (when the files are watched) takes
+    it over: no SIGHUP ever kills the gateway."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _sighup_ignored)
     return stop
+
+
+def _sighup_ignored() -> None:
+    log.warning("sighup_ignored", reason="no config files watched: nothing to reload")
 
 
 async def serve_until_signal(app: web.Application, host: str, port: int, stop: asyncio.Event | None = None,

@@ -24,6 +24,7 @@ import orjson
 import structlog
 from structlog.typing import Processor
 
+MAX_FIELD_CHARS = 256  # a string a client (or a backend) chose, as a log line keeps it: `bounded`
 FLUSH_DELAY_S = 0.02
 FLUSH_BYTES = 64 * 1024
 RENDER = structlog.processors.JSONRenderer(serializer=orjson.dumps)
@@ -113,6 +114,14 @@ def configure_logging(stream: BinaryIO | Sink | None = None, level: int = loggin
     logger = structlog.BytesLogger(batched)  # type: ignore[arg-type]  # shares the factory's loggers' lock
     _direct = _Direct(chain, list(chain), logger, level <= logging.INFO)
     return batched
+
+
+def bounded(value: str | None, limit: int = MAX_FIELD_CHARS) -> str | None:
+    """`value` cut to `limit` characters, with a marker saying how long it was: every string a client chose
+    (the model it asked for, ids, names) goes through here before a log line (a 3 MB `model` made a 3 MB line)."""
+    if value is None or len(value) <= limit:
+        return value
+    return f"{value[:limit]}...[cut: {len(value)} chars]"
 
 
 def log_request(fields: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway.backends.resolver import DnsCache
+from gateway.backends.urls import redact_url
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the replica pauses (a slow client)
 IDLE_S = 15.0  # a pooled connection idle this long is closed (when taken, or when another is put back)
@@ -95,13 +96,13 @@ class Origin:
         """`tls`: the replica's own trust and identity for an https:// URL (None: the system's CAs)."""
         parts = urlsplit(url)
         if parts.scheme not in ACCEPTED_SCHEMES or not parts.hostname:
-            raise ValueError(f"an upstream URL must be http:// or https:// with a host: {url!r}")
+            raise ValueError(f"an upstream URL must be http:// or https:// with a host: {redact_url(url)!r}")
         tls = (tls or ssl.create_default_context()) if parts.scheme == "https" else None
         port = parts.port or (443 if tls else 80)
         host_header = parts.netloc.rpartition("@")[2]
         path, query = parts.path.rstrip("/"), f"?{parts.query}" if parts.query else ""
         if not _is_target(host_header + path + query):
-            raise ValueError(f"an upstream URL must be printable ASCII without spaces: {url!r}")
+            raise ValueError(f"an upstream URL must be printable ASCII without spaces: {redact_url(url)!r}")
         return cls((parts.scheme, parts.hostname, port, tls), parts.hostname, port, host_header, path, query, tls)
 
 

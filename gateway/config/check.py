@@ -11,13 +11,15 @@ cross-file checks were skipped.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
 from gateway.config import ConfigError, ConfigIssue, check_policy_alone, load_config
-from gateway.config.loader import check_file
+from gateway.config.loader import load_policy
+from gateway.config.removals import check_removals
+from gateway.config.tokenizers import check_routes_file
 
 CROSS_FILE = ("baseline_tier", "default_tier", "allowed_tiers", "routing.bands[].tier", "tier_map",
               "experiments[].arms[] tiers", "shadow tiers")
@@ -53,8 +55,9 @@ def is_routes_file(path: Path) -> bool:
     return isinstance(data, dict) and "tiers" in data
 
 
-def check_paths(paths: Sequence[Path], routes: Path | None = None) -> list[Checked]:
-    """Every file checked; each policy with its routes file (see the module docstring)."""
+def check_paths(paths: Sequence[Path], routes: Path | None = None, previous: Path | None = None) -> list[Checked]:
+    """Every file checked; each policy with its routes file (see the module docstring), and against `previous`
+    (the policy serving now) as a reload compares them (`gateway.config.removals`)."""
     if routes is not None and routes not in paths:
         paths = [routes, *paths]
     kinds = {path: is_routes_file(path) for path in paths}
@@ -62,10 +65,21 @@ def check_paths(paths: Sequence[Path], routes: Path | None = None) -> list[Check
     results = []
     for path in paths:
         if kinds[path]:
-            results.append(Checked(path, tuple(check_file(path))))
+            results.append(Checked(path, tuple(check_routes_file(path))))
         else:
-            results.append(check_policy(path, routes or routes_for(path, given)))
+            results.append(_against(check_policy(path, routes or routes_for(path, given)), previous))
     return results
+
+
+def _against(checked: Checked, previous: Path | None) -> Checked:
+    """`checked` (a policy) compared with `previous`, the policy serving now, as a reload compares them."""
+    if previous is None or checked.issues:
+        return checked
+    try:
+        check_removals(load_policy(previous), load_policy(checked.path), checked.path)
+    except ConfigError as err:
+        return replace(checked, issues=err.issues)
+    return checked
 
 
 def routes_for(policy: Path, given: Sequence[Path]) -> Path | None:
@@ -89,7 +103,7 @@ def check_policy(policy: Path, routes: Path | None) -> Checked:
     if routes is None:
         return Checked(policy, (), skipped="no routes file of its name among the paths or in routes/ beside its "
                        "folder: pass --routes FILE")
-    if check_file(routes):
+    if check_routes_file(routes):
         return Checked(policy, (), skipped=f"its routes file {routes} is invalid")
     try:
         load_config(routes, policy)

@@ -11,6 +11,7 @@ import re
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gateway.backends.urls import redact_url, redact_urls_in
 from gateway.config.policies import PolicyConfig
 from gateway.config.routes import RoutesConfig
 
@@ -67,6 +68,18 @@ def locate(err: ConfigError, file: str | Path) -> ConfigError:
                                     issue.value, issue.reason) for issue in err.issues])
 
 
+def field_line(file: str | Path, field: str) -> int | None:
+    """The 1-based line of `field` (like `tenants[2].rate_limit`) in `file`, or of its closest parent; None for
+    the empty field (the document) or a file that does not read."""
+    if not field:
+        return None
+    try:
+        _, node = _read(Path(file))
+    except ConfigError:
+        return None
+    return _line_of_field(node, field)
+
+
 def _load(model: type[Model], file: Path) -> Model:
     data, node = _read(file)
     try:
@@ -99,10 +112,23 @@ def _issue(file: Path, node: yaml.Node | None, error: Any) -> ConfigIssue:
     loc: Loc = tuple(error["loc"])
     field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "(document)"
     value = error.get("input")
-    shown = "nothing" if error["type"] == "missing" else repr(value)
+    shown = "nothing" if error["type"] == "missing" else repr(redacted(value))
     if len(shown) > 80:
         shown = shown[:77] + "..."
-    return ConfigIssue(str(file), _line_of(node, loc), field, shown, error["msg"])
+    return ConfigIssue(str(file), _line_of(node, loc), field, shown, redact_urls_in(error["msg"]))
+
+
+def redacted(value: Any) -> Any:
+    """`value` (a field's input: a string, or a mapping or list holding some) with the secrets of every URL in it
+    replaced (`gateway.backends.urls.redact_url`): a replica URL that does not parse is shown to whoever reads the
+    issue (/admin/config, log lines, `policy check`) without its credentials."""
+    if isinstance(value, str):
+        return redact_url(value) if "://" in value else value
+    if isinstance(value, dict):
+        return {key: redacted(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redacted(item) for item in value]
+    return value
 
 
 _INDEX = re.compile(r"\[(\d+)\]")

@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.backends.urls import redact_url
+
 T = TypeVar("T")
 Precision = Literal["int4", "int8", "fp8", "fp16", "bf16", "fp32"]
 
@@ -145,6 +147,15 @@ class Replica(Frozen):
         default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="environment variable with this backend's API key, read at load time, sent as Bearer",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name_shows_no_secret(cls, name: str) -> str:
+        """A replica's name is shown to tenants (502 bodies) and in log lines: a URL there must carry no secret."""
+        if redact_url(name) != name:
+            raise ValueError("a replica name is shown in error messages and logs: it must not hold a URL's "
+                             "credentials or query values (name it, e.g. vllm-a-0, and keep the URL in url)")
+        return name
 
     @field_validator("api_key_env")
     @classmethod

@@ -15,9 +15,10 @@ import time
 from datetime import date
 from typing import Any
 
-from gateway.accounting.log import log_request
+from gateway.accounting.log import bounded, log_request
 from gateway.clock import iso_ms, utc_day
 from gateway.config import GatewayConfig, Tier
+from gateway.config.tokenizers import build_counters
 from gateway.context import RequestContext
 from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
@@ -39,9 +40,9 @@ class Accountant:
         self._metrics = metrics
 
     def prepare(self, config: GatewayConfig) -> None:
-        """Load the token counters a config's tiers name (slow: at start and on reload, never per request)."""
-        for tier in config.routes.tiers:
-            self._counters.for_spec(tier.tokenizer)
+        """Load the token counters a config's tiers name (slow: at start and on reload, never per request);
+        a tokenizer that does not load raises a ConfigError naming its tier (the reload refuses the version)."""
+        build_counters(config.routes, self._counters)
 
     def settle(self, ctx: RequestContext) -> None:
         ctx.finished_at = now = time.perf_counter()
@@ -59,7 +60,7 @@ class Accountant:
             "request_id": ctx.request_id,
             "ts": iso_ms(ctx.ts),
             "tenant": ctx.tenant_name,
-            "model_requested": ctx.model_requested,
+            "model_requested": bounded(ctx.model_requested),
             "difficulty": None if ctx.difficulty is None else round(ctx.difficulty, 4),
             "quality": _qualities(ctx),
             "route_reason": ctx.route_reason,
@@ -67,7 +68,7 @@ class Accountant:
             "backend": ctx.replica.name if ctx.replica else None,
             "status": ctx.status,
             "outcome": ctx.outcome,
-            "error": ctx.error,
+            "error": bounded(ctx.error),
             "stream": ctx.stream,
             "prompt_tokens": ctx.prompt_tokens or 0,
             "completion_tokens": completion,
@@ -86,7 +87,7 @@ class Accountant:
             "attempts": ctx.attempts,
             "prefix_blocks": ctx.prefix_blocks,
             "output_capped": ctx.output_capped,
-            "finish_reason": ctx.finish_reason,
+            "finish_reason": bounded(ctx.finish_reason),
             "cache": ctx.cache,
             "cost_usd": cost,
             "avoided_cost_usd": avoided,

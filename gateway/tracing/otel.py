@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import structlog
 
 import gateway
+from gateway.backends.urls import redact_url
 from gateway.config.routes import TracingSettings
 from gateway.tracing import ADMISSION, CACHE, CLASSIFICATION, UPSTREAM
 from gateway.tracing.otlp import FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, FLAG_SAMPLED, KIND_CLIENT, KIND_INTERNAL, \
@@ -228,7 +229,8 @@ class Tracing:
             else Encoder(self.resource, SCOPE, STABLE_KEYS)
         self.exporter = Exporter(self.export_settings, encoder, post,
                                  user_agent=f"llm-gateway/{gateway.__version__} OTLP/HTTP")
-        log.info("tracing_on", endpoint=self.export_settings.endpoint, protocol=self.export_settings.protocol,
+        log.info("tracing_on", endpoint=redact_url(self.export_settings.endpoint),
+                 protocol=self.export_settings.protocol,
                  sampler=self.sampler.description, propagators=",".join(sorted(propagating)) or "none",
                  service=self.resource["service.name"])
 

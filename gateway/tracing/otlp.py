@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from gateway.backends.urls import redact_url
 from gateway.tracing.otlp_http import ExportFailed, HttpPoster, PartiallyRejected
 from gateway.tracing.settings import ExportSettings
 
@@ -366,14 +367,16 @@ class Exporter:
             except PartiallyRejected as err:
                 self.exported += sent - err.rejected
                 self.failed += err.rejected
-                log.warning("trace_spans_rejected", spans=sent, rejected=err.rejected, endpoint=self.settings.endpoint,
+                log.warning("trace_spans_rejected", spans=sent, rejected=err.rejected,
+                            endpoint=redact_url(self.settings.endpoint),
                             reason=str(err))
             except ExportFailed as err:
                 self.failed += sent
-                log.warning("trace_export_failed", spans=sent, endpoint=self.settings.endpoint, reason=str(err))
+                log.warning("trace_export_failed", spans=sent, endpoint=redact_url(self.settings.endpoint),
+                            reason=str(err))
             except Exception:
                 self.failed += sent
-                log.exception("trace_export_failed", spans=sent, endpoint=self.settings.endpoint)
+                log.exception("trace_export_failed", spans=sent, endpoint=redact_url(self.settings.endpoint))
 
     def _report_drops(self) -> None:
         dropped = self.dropped

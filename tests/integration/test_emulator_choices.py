@@ -275,3 +275,42 @@ async def test_many_choices_are_one_request_in_the_stats(emu: RunningEmulator) -
     assert rec.status == "completed" and rec.prompt_tokens == body["usage"]["prompt_tokens"] == 7
     assert rec.completion_tokens == rec.sent_tokens == body["usage"]["completion_tokens"]
     assert emu.engine.num_running == 0 and emu.engine.kv_used == 0
+
+
+async def test_a_client_leaving_a_many_choice_stream_frees_every_sequence() -> None:
+    import asyncio
+    import dataclasses
+
+    slow = dataclasses.replace(PROFILES["instant"], name="slow", tpot_1_s=0.01)
+    async with serve_emulator(slow) as e, aiohttp.ClientSession() as s:
+        body = {"model": "m", "prompt": ["a b", "c d"], "n": 3, "max_tokens": 500, "ignore_eos": True,
+                "stream": True}
+        async with s.post(e.url + "/v1/completions", json=body) as r:
+            await r.content.readline()
+            assert e.engine.num_running == 6  # two prompts x three choices decode together
+        for _ in range(300):
+            if e.engine.stats.cancelled:
+                break
+            await asyncio.sleep(0.01)
+        [rec] = list(e.engine.stats.records)
+        assert rec.status == "cancelled" and 0 < rec.completion_tokens < 3000
+        assert e.engine.num_running == 0 and e.engine.kv_used == 0
+
+
+async def test_faults_apply_to_many_choices(emu: RunningEmulator) -> None:
+    from gateway.emulator import FaultConfig
+
+    body = {"model": "m", "messages": [{"role": "user", "content": Q}], "n": 2, "max_tokens": 20,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    emu.engine.faults.config = FaultConfig(omit_usage=True, omit_finish_reason=True)
+    status, events = await post(emu, "/v1/chat/completions", body)
+    assert status == 200 and all(e["choices"] and e["choices"][0]["finish_reason"] is None for e in events)
+    emu.engine.faults.config = FaultConfig(disconnect_after_tokens=5)
+    async with aiohttp.ClientSession() as s, s.post(emu.url + "/v1/chat/completions", json=body) as r:
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+    emu.engine.faults.config = FaultConfig(error_rate=1.0)
+    status, err = await post(emu, "/v1/chat/completions", body)
+    assert status == 500 and err["error"]["type"] == "server_error"
+    assert [r.status for r in emu.engine.stats.records] == ["completed", "fault", "fault"]
+    assert emu.engine.num_running == 0 and emu.engine.kv_used == 0

@@ -141,7 +141,7 @@ def test_every_input_and_parameter_changes_the_prompt_hash() -> None:
               [{"type": "input_text", "text": "Describe it."}, {"type": "input_image", "image_url": "https://x/a.png"}]]
     assert len({request({"messages": [{"role": "user", "content": c}]}, "chat").prompt_hash for c in shapes}) == 1
     # what only bounds the length, or asks for the stream, is not part of the answer
-    same = [{"messages": CHAT, "max_tokens": 7}, {"messages": CHAT, "stream": True}, {"messages": CHAT, "n": 2},
+    same: list[dict[str, Any]] = [{"messages": CHAT, "max_tokens": 7}, {"messages": CHAT, "stream": True}, {"messages": CHAT, "n": 2},
             {"messages": CHAT, "logprobs": True}, {"messages": CHAT, "user": "u"}]
     assert {request(body, "chat").prompt_hash for body in same} == {hashes[0]}
 
