@@ -28,7 +28,7 @@ from gateway.client_limits import ClientLimits
 from gateway.config import GatewayConfig
 from gateway.config.reload import ConfigReloader
 from gateway.dashboard import routes as dashboard
-from gateway.experiments.feedback import FeedbackStore, RequestOwners
+from gateway.experiments.feedback import FeedbackLimiter, FeedbackStore, RequestOwners
 from gateway.experiments.serving import (
     BackgroundEncoder, GatewaySend, OwnerRecorder, ShadowTap, admission_pressure,
 )
@@ -158,6 +158,8 @@ def _experiments(gateway: Gateway, admission: AdmissionStage, proxy: ProxyStage,
     comparisons (their agreement scored on a sentence encoder of their own, at the lowest CPU priority)."""
     gateway.owners = RequestOwners(gateway.redis)
     gateway.feedback = FeedbackStore(gateway.redis) if gateway.redis is not None else None
+    gateway.feedback_limiter = FeedbackLimiter(  # the replicas' count: made by _limiter, just after
+        gateway.redis, lambda: gateway.replicas.count if gateway.replicas is not None else 1)
     send = GatewaySend(lambda: gateway.config, gateway.pool, admission, proxy, gateway.accountant.count_tokens)
     gateway.shadow = ShadowSender(send, AgreementScorer(BackgroundEncoder()), PairStore(gateway.redis, shadow_pairs),
                                   admission_pressure(admission), metrics=gateway.metrics.shadow)

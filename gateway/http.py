@@ -19,7 +19,7 @@ from gateway.context import RequestContext
 from gateway.errors import (
     AuthenticationFailed, GatewayError, MethodNotAllowed, NotFound, Overloaded, UpstreamError, error_body,
 )
-from gateway.experiments.feedback import submit_feedback
+from gateway.experiments.feedback import feedback_per_minute, submit_feedback
 from gateway.openapi import openapi_spec
 from gateway.protocols import WIRES
 from gateway.protocols.anthropic_count import count_input_tokens
@@ -224,7 +224,9 @@ async def feedback(request: web.Request) -> web.Response:
         if gateway.owners is None:  # aiohttp serves only once the resources are open: a guard, not a state
             raise Overloaded("the gateway is starting")
         raw = await read_body(request, gateway.config.policy.max_body_bytes, gateway.client_limits.body_timeout_s)
-        reply = await submit_feedback(raw, tenant.name, gateway.owners, gateway.feedback)
+        reply = await submit_feedback(raw, tenant.name, gateway.owners, gateway.feedback,
+                                      limiter=gateway.feedback_limiter, per_min=feedback_per_minute(
+                                          tenant.rate_limit.requests_per_min if tenant.rate_limit else None))
     except GatewayError as err:
         return web.Response(body=error_body(err), status=err.status, headers=err.headers(), content_type=JSON)
     return web.Response(body=orjson.dumps(reply), content_type=JSON)

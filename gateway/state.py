@@ -21,7 +21,7 @@ from gateway.stages.session import SessionStage
 from gateway.types import DifficultyScorer, QualityPredictor
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
-    from gateway.experiments.feedback import FeedbackStore, RequestOwners
+    from gateway.experiments.feedback import FeedbackLimiter, FeedbackStore, RequestOwners
     from gateway.experiments.shadow import ShadowSender
     from gateway.tracing import Tracing
 
@@ -45,6 +45,7 @@ class Gateway:
     tracing: Tracing | None = None
     owners: RequestOwners | None = None  # request id -> tenant and arm, for POST /v1/feedback
     feedback: FeedbackStore | None = None  # accepted feedback in Redis (None: logged only)
+    feedback_limiter: FeedbackLimiter | None = None  # feedback posts per tenant a minute
     shadow: ShadowSender | None = None  # shadow comparisons' queue and workers
     sessions: SessionStage | None = None  # sticky-tier sessions (route stage; admin explain peeks)
 

@@ -1,8 +1,12 @@
 """Sticky assignment of a request to an experiment's arm, and the arm's effective TenantPolicy.
 
-The key is the request's `user` field when it has one, else its conversation: the system prompt and
-the first user message (their first KEY_CHARS characters each), so every turn of a conversation
-lands in the same arm. The key is hashed once (blake2b, 64 bits); per experiment, the splitmix64
+The key is the tenant with the request's conversation: the system prompt and the first user message (their
+first KEY_CHARS characters each), so every turn of a conversation lands in the same arm. Only an experiment
+whose policy says `sticky_by: user` keys on the request's `user` field instead (the conversation when it
+has none): the client then chooses its arm by the `user` it sends, which the policy has allowed. Without
+it, `user` plays no part, so a client cannot walk `user` values to land in the arm it wants (issue 37).
+Whatever the arm, it never loosens the tenant's caps (`config.tenants.apply_arm`). The key is hashed once
+per kind (blake2b, 64 bits, the tenant's name in it); per experiment, the splitmix64
 finalizer of (key hash XOR a 64-bit salt derived from the experiment's name) maps it to a position in
 [0, 1), so experiments split independently of each other at one integer mix each (a keyed blake2b per
 experiment costs ~1.5 µs more). The arms own consecutive slices of [0, 1) in file order (cumulative
@@ -36,14 +40,16 @@ _SYSTEM_ROLES = ("system", "developer")
 
 def assign(policy: TenantPolicy, body: Mapping[str, Any]) -> Assignment | None:
     """The request's arm, or None: the tenant runs no experiment, the request falls outside every arm,
-    or it carries neither a `user` nor any prompt text to be sticky on."""
+    or it carries nothing to be sticky on (no prompt text, nor a `user` where the experiment keys on it)."""
     plan = policy.plan
     if plan is None:
         return None
-    key = sticky_key(body)
-    if key is None:
-        return None
+    keys: dict[bool, int | None] = {}
     for experiment in plan.experiments:
+        by_user = experiment.sticky_by == "user"
+        key = keys[by_user] if by_user in keys else keys.setdefault(by_user, sticky_key(body, policy.name, by_user))
+        if key is None:
+            continue
         at = position(experiment.salt, key)
         index = bisect.bisect_right(experiment.cuts, at)
         if index < len(experiment.arms):
@@ -59,16 +65,17 @@ def position(salt: int, key: int) -> float:
     return (x ^ (x >> 31)) * _SCALE
 
 
-def sticky_key(body: Mapping[str, Any]) -> int | None:
-    """A 64-bit hash of the `user` field, else of the conversation's start; None without either."""
-    user = body.get("user")
+def sticky_key(body: Mapping[str, Any], tenant: str = "", by_user: bool = False) -> int | None:
+    """A 64-bit hash of the tenant and the conversation's start (of the `user` field instead, when `by_user`
+    and the request has one); None without either."""
+    user = body.get("user") if by_user else None
     if type(user) is str and user:
-        data = b"u" + user[:KEY_CHARS].encode("utf-8", "surrogatepass")
+        data = b"u" + f"{tenant}\x00{user[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
     else:
         system, first = _conversation(body)
         if not system and not first:
             return None
-        data = b"c" + f"{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
+        data = b"c" + f"{tenant}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
 
 

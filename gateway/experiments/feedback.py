@@ -12,6 +12,19 @@ batch is one command however many requests it holds, kept `ttl_s` to `ttl_s` + 5
 one and another tenant's one get the same 404, so a tenant cannot probe for others' request ids.
 When the id is in neither this process nor Redis because Redis is down, the answer is 503 (retry).
 Errors are GatewayErrors: the edge renders them as the OpenAI error JSON (`gateway.errors.error_body`).
+
+Feedback cannot be turned into training weight (issue 37):
+- **Limited per tenant.** `FeedbackLimiter`: posts per sliding minute per tenant, across the gateway's replicas
+  (Redis; per process against 1/N of the limit while Redis cannot answer, as `gateway.limits` does). The limit
+  is the tenant's `rate_limit.requests_per_min` when it has one (a tenant cannot have more answers a minute
+  to score than requests), else DEFAULT_PER_MIN; over it, a 429 `feedback_rate_limited` with Retry-After. The
+  limit is checked before the request id is looked up, so probing ids is limited too.
+- **Deduplicated per request id, last wins.** The store keeps one feedback per request id (a hash per tenant,
+  bounded by an order set: the oldest ids leave first); a second post on an id replaces the first, and its
+  log line says `replaces: true`. Readers of the log (`gateway experiments report`, `gateway train
+  --from-outcomes`: gateway.training.traffic_outcomes) take the last line per request id.
+- **Weighted per tenant when training**: gateway.training.traffic_outcomes averages a prompt's labels within
+  each tenant first, then across tenants, so one tenant's volume cannot outweigh another tenant's data.
 """
 
 from __future__ import annotations
@@ -30,7 +43,9 @@ import orjson
 import structlog
 
 from gateway.cache.guard import RedisGuard
-from gateway.errors import InvalidRequest, NotFound, Overloaded
+from gateway.errors import InvalidRequest, NotFound, Overloaded, RateLimited
+from gateway.limits.local import LocalWindows
+from gateway.limits.window import WINDOW_S, WindowPosition, retry_after
 
 log = structlog.get_logger("gateway.requests")
 
@@ -49,7 +64,9 @@ OWNER_BATCH_S = 0.25
 # path: 10,000 cover seconds of traffic in 2.4 MB. Without Redis they are the store.
 LOCAL_OWNERS_WITH_REDIS = 10_000
 LOCAL_OWNERS_ALONE = 100_000
-FEEDBACK_PREFIX = "feedback:"
+FEEDBACK_PREFIX = "feedback:"  # feedback:{tenant}:by_id (hash) and feedback:{tenant}:order (sorted set)
+RATE_PREFIX = "fbrate:"
+DEFAULT_PER_MIN = 600  # feedback posts a minute for a tenant without a requests_per_min limit
 WRITE_TIMEOUT_S = 1.0  # batched background writes and the feedback endpoint: not the request path's 5 ms budget
 
 
@@ -218,33 +235,121 @@ class Feedback:
         return {**self.log_fields(), "comment": self.comment}
 
 
+# KEYS: by_id order   ARGV: request_id json score(ms) max_entries
+# returns 1 when the request id already had feedback (this one replaces it), else 0
+ADD_LUA = """
+local fresh = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
+if excess > 0 then
+  local old = redis.call('ZPOPMIN', KEYS[2], excess)
+  for i = 1, #old, 2 do redis.call('HDEL', KEYS[1], old[i]) end
+end
+return fresh == 0 and 1 or 0
+"""
+
+
+def store_keys(tenant: str) -> tuple[str, str]:
+    """(the hash request id -> feedback, the sorted set of request ids by time): one Redis Cluster slot per tenant."""
+    return f"{FEEDBACK_PREFIX}{{{tenant}}}:by_id", f"{FEEDBACK_PREFIX}{{{tenant}}}:order"
+
+
 class FeedbackStore:
-    """Accepted feedback in a bounded Redis stream per tenant (`feedback:<tenant>`, exactly max_entries)."""
+    """Accepted feedback per tenant, one per request id (last wins), at most max_entries request ids per
+    tenant (the oldest leave first)."""
 
     def __init__(self, guard: RedisGuard, max_entries: int = 100_000) -> None:
         self.guard = guard
         self.max_entries = max_entries
+        self._script = guard.client.register_script(ADD_LUA)
 
-    async def add(self, feedback: Feedback) -> bool:
-        client = self.guard.client
-        fields: dict[Any, Any] = {"json": orjson.dumps(feedback.stored())}
+    async def add(self, feedback: Feedback) -> bool | None:
+        """Store it: False when new, True when it replaced an earlier feedback on the same request id, None when
+        Redis did not take it."""
+        keys = list(store_keys(feedback.owner.tenant))
+        args: list[bytes | str | int] = [feedback.request_id, orjson.dumps(feedback.stored()), _millis(feedback.ts),
+                                         self.max_entries]
+        script = self._script
 
-        async def write() -> bool:
-            await client.xadd(FEEDBACK_PREFIX + feedback.owner.tenant, fields, maxlen=self.max_entries,
-                              approximate=False)
-            return True
+        async def write() -> int:
+            return int(await script(keys=keys, args=args))
 
-        return bool(await self.guard.run("feedback_add", write, WRITE_TIMEOUT_S))
+        replaced = await self.guard.run("feedback_add", write, WRITE_TIMEOUT_S)
+        return None if replaced is None else bool(replaced)
 
     async def recent(self, tenant: str, count: int = 100) -> list[dict[str, Any]]:
-        """The tenant's latest feedback, newest first ([] when Redis is unavailable)."""
+        """The tenant's latest feedback, one per request id, newest first ([] when Redis is unavailable)."""
         client = self.guard.client
+        by_id, order = store_keys(tenant)
 
         async def read() -> list[Any]:
-            return list(await client.xrevrange(FEEDBACK_PREFIX + tenant, count=count) or [])
+            ids = [i for i in await client.zrevrange(order, 0, count - 1) if isinstance(i, (bytes, str))]
+            return list(await client.hmget(by_id, ids)) if ids else []
 
         entries = await self.guard.run("feedback_recent", read, WRITE_TIMEOUT_S) or []
-        return [orjson.loads(fields[b"json"]) for _, fields in entries]
+        return [orjson.loads(raw) for raw in entries if raw is not None]
+
+
+def _millis(ts: str) -> int:
+    return int(datetime.fromisoformat(ts).timestamp() * 1000)
+
+
+# KEYS: cur prev   ARGV: limit prev_weight ttl   returns {allowed, cur, prev}
+RATE_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
+if cur + prev * tonumber(ARGV[2]) + 1 > tonumber(ARGV[1]) then return {0, cur, prev} end
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {1, cur, prev}
+"""
+
+
+def feedback_per_minute(requests_per_min: int | None) -> int:
+    """A tenant's feedback limit: its request limit when it has one (it has no more answers to score), else
+    DEFAULT_PER_MIN."""
+    return requests_per_min if requests_per_min is not None else DEFAULT_PER_MIN
+
+
+class FeedbackLimiter:
+    """Feedback posts per tenant per sliding minute, across replicas through Redis; per process, against
+    1/`replicas()` of the limit, when there is no Redis or it does not answer."""
+
+    def __init__(self, guard: RedisGuard | None, replicas: Callable[[], int] = lambda: 1,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.guard = guard
+        self._replicas = replicas
+        self._clock = clock
+        self._script = guard.client.register_script(RATE_LUA) if guard is not None else None
+        self._local = LocalWindows()
+
+    async def admit(self, tenant: str, per_min: int) -> None:
+        """Count one post; RateLimited (429 + Retry-After) when the tenant is over its limit."""
+        position = WindowPosition.at(self._clock())
+        reply = None
+        if self.guard is not None and self._script is not None:
+            keys = [f"{RATE_PREFIX}{{{tenant}}}:{position.index}", f"{RATE_PREFIX}{{{tenant}}}:{position.index - 1}"]
+            args = [per_min, position.previous_weight, 2 * WINDOW_S]
+            script = self._script
+
+            async def run() -> list[Any]:
+                return list(await script(keys=keys, args=args))
+
+            reply = await self.guard.run("feedback_rate", run, WRITE_TIMEOUT_S)
+        if reply is not None:
+            allowed, current, previous = (int(v) for v in reply)
+            if allowed:
+                self._local.charge([(tenant, 1.0)], position)
+                return
+            wait = retry_after(float(current), float(previous), 1, per_min, position)
+        else:
+            local = self._local.admit(tenant, 1, per_min / max(1, self._replicas()), position)
+            if local is None:
+                return
+            wait = local
+        log.info("feedback_refused", tenant=tenant, reason="rate_limited")
+        raise RateLimited(f"tenant {tenant!r} is over its feedback limit of {per_min} a minute",
+                          code="feedback_rate_limited", retry_after=wait)
 
 
 def parse_feedback(body: bytes | Mapping[str, Any]) -> tuple[str, float, str, str | None]:
@@ -284,11 +389,14 @@ def parse_feedback(body: bytes | Mapping[str, Any]) -> tuple[str, float, str, st
 
 async def submit_feedback(
     body: bytes | Mapping[str, Any], tenant: str, owners: RequestOwners, store: FeedbackStore | None = None,
-    *, now: Callable[[], float] = time.time,
+    *, limiter: FeedbackLimiter | None = None, per_min: int = DEFAULT_PER_MIN, now: Callable[[], float] = time.time,
 ) -> dict[str, Any]:
-    """The endpoint's core: the JSON reply for an accepted feedback; raises InvalidRequest (400), NotFound (404:
-    unknown, expired or another tenant's request id) or Overloaded (503: the owner store is unavailable)."""
+    """The endpoint's core: the JSON reply for an accepted feedback; raises InvalidRequest (400), RateLimited
+    (429: over the tenant's `per_min` feedback posts a minute), NotFound (404: unknown, expired or another
+    tenant's request id) or Overloaded (503: the owner store is unavailable)."""
     request_id, score, source, comment = parse_feedback(body)
+    if limiter is not None:
+        await limiter.admit(tenant, per_min)
     owner = await owners.lookup(request_id)
     if owner is None or owner.tenant != tenant:
         log.info("feedback_refused", request_id=request_id, tenant=tenant,
@@ -299,8 +407,7 @@ async def submit_feedback(
     created = now()
     feedback = Feedback(datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"), request_id, owner,
                         score, source, comment)
-    log.info("feedback", **feedback.log_fields())
-    if store is not None:
-        await store.add(feedback)
+    replaced = await store.add(feedback) if store is not None else None
+    log.info("feedback", **feedback.log_fields(), replaces=replaced)  # None: no store (or Redis did not take it)
     return {"object": "feedback", "request_id": request_id, "score": score, "created": int(created),
-            "experiment": owner.experiment, "arm": owner.arm}
+            "experiment": owner.experiment, "arm": owner.arm, "replaced": bool(replaced)}

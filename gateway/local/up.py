@@ -48,9 +48,11 @@ def up(config: GatewayConfig, app: web.Application, host: str, port: int, log_ta
 
 
 def dashboard_url(config: GatewayConfig, host: str, port: int) -> str:
-    """Where the dashboard is: with the demo viewer key when the policy has it, else a placeholder."""
+    """Where the dashboard is, and the key to log in with there: the demo viewer key when the policy has it
+    (the key goes in the login form, never in the address)."""
     demo = hashlib.sha256(DEMO_VIEWER_KEY.encode()).hexdigest() in config.policy.dashboard_viewer_keys_sha256
-    return f"http://{host}:{port}/dashboard?key={DEMO_VIEWER_KEY if demo else 'YOUR_ADMIN_OR_VIEWER_KEY'}"
+    key = DEMO_VIEWER_KEY if demo else "your admin or a viewer key"
+    return f"http://{host}:{port}/dashboard (log in with {key})"
 
 
 async def _serve(

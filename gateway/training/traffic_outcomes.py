@@ -12,11 +12,14 @@ Each line of each file is told apart by its fields:
 - a feedback line (`"event": "feedback"` in the request log, plain or gzip'd, or a stored feedback:
   `request_id`, `tier`, `score`): the application's score for the answer of that tier. Feedback carries no
   prompt: it takes the prompt of the shadow pair of the same request, or a `prompt` field an application added
-  to its own export; feedback without either is counted and left out;
+  to its own export; feedback without either is counted and left out. One feedback per request id counts:
+  the last (by its `ts`, then by reading order), as the gateway stores it (issue 37);
 - anything else (the request log's other lines) is skipped.
 A tier is named by the measured model that stands for it (`tier_models`: the routes file's quality_model), so
 the fitted router predicts for the names the routes file routes on; a tier without one keeps its own name.
-Traffic rows of the same prompt (normalized text) become one row, each model's scores averaged.
+Traffic rows of the same prompt (normalized text) become one row, each model's scores averaged per tenant
+first and then across tenants: every tenant that labelled a prompt weighs the same, however many labels it
+sent (one tenant's feedback cannot outweigh another tenant's data for the same prompt).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class TrafficCounts:
     shadow_pairs: int = 0  # pairs used
     feedback: int = 0  # feedback used
     feedback_without_prompt: int = 0  # no shadow pair and no `prompt`: left out
+    feedback_replaced: int = 0  # earlier feedback on a request id that a later one replaced: left out
     without_signal: int = 0  # shadow pairs whose reference failed (no agreement, no grade)
     malformed: int = 0  # lines that are not JSON objects (a torn last line, ...)
     other: int = 0  # lines of none of the three kinds (request lines of a log)
@@ -48,17 +52,18 @@ class TrafficCounts:
 
     def summary(self) -> str:
         return (f"{self.outcome_rows} outcome rows, {self.shadow_pairs} shadow pairs, {self.feedback} feedback "
-                f"({self.feedback_without_prompt} feedback without a prompt, {self.without_signal} pairs without a "
+                f"({self.feedback_without_prompt} feedback without a prompt, {self.feedback_replaced} replaced by a "
+                f"later one on the same request, {self.without_signal} pairs without a "
                 f"signal, {self.malformed} malformed and {self.other} other lines left out)")
 
 
 @dataclass(slots=True)
 class _Prompt:
-    """What the traffic said about one prompt: scores per model, and where they came from."""
+    """What the traffic said about one prompt: scores per model per tenant, and where they came from."""
 
     prompt: str
     task: str
-    scores: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    scores: dict[str, dict[str, list[float]]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
     sources: set[str] = field(default_factory=set)
 
 
@@ -86,7 +91,8 @@ def read_mixed(paths: Iterable[Path], tier_models: Mapping[str, str] | None = No
     public: list[OutcomeRow] = []
     traffic: dict[str, _Prompt] = {}
     prompts_by_request: dict[str, str] = {}
-    feedback: list[tuple[str, dict[str, Any]]] = []
+    feedback: dict[tuple[str, str], tuple[tuple[str, int], str, dict[str, Any]]] = {}  # the last per request id
+    seq = 0
     for path in paths:
         for n, row in _objects(path, counts):
             where = f"{path}:{n}"
@@ -105,10 +111,16 @@ def read_mixed(paths: Iterable[Path], tier_models: Mapping[str, str] | None = No
                 counts.shadow_pairs += 1
                 counts.by_file[str(path)] = counts.by_file.get(str(path), 0) + 1
             elif is_feedback(row):
-                feedback.append((str(path), row))
+                seq += 1
+                key, order = (str(row.get("tenant")), row["request_id"]), (str(row.get("ts") or ""), seq)
+                earlier = feedback.get(key)
+                if earlier is not None:
+                    counts.feedback_replaced += 1
+                if earlier is None or order >= earlier[0]:
+                    feedback[key] = (order, str(path), row)
             else:
                 counts.other += 1
-    for path_name, row in feedback:  # after every file: a pair may come after its feedback
+    for _, path_name, row in feedback.values():  # after every file: a pair may come after its feedback
         prompt = row.get("prompt") if isinstance(row.get("prompt"), str) else prompts_by_request.get(row["request_id"])
         if not prompt:
             counts.feedback_without_prompt += 1
@@ -137,17 +149,24 @@ def _objects(path: Path, counts: TrafficCounts) -> Iterable[tuple[int, dict[str,
                 counts.malformed += 1
 
 
-def _add(traffic: dict[str, _Prompt], prompt: str, task: str, scores: Mapping[str, float], source: str) -> None:
-    seen = traffic.setdefault(text_key(prompt), _Prompt(prompt, task))
+def _add(traffic: dict[str, _Prompt], prompt: str, tenant: str, scores: Mapping[str, float], source: str) -> None:
+    """One label set for `prompt` from `tenant` (the first tenant seen names the row's task)."""
+    seen = traffic.setdefault(text_key(prompt), _Prompt(prompt, tenant))
     for model, score in scores.items():
-        seen.scores[model].append(score)
+        seen.scores[model][tenant].append(score)
     seen.sources.add(source)
 
 
 def _row(key: str, seen: _Prompt, heldout_share: float) -> OutcomeRow:
-    scores = {model: sum(values) / len(values) for model, values in seen.scores.items()}
+    scores = {model: _tenant_mean(by_tenant) for model, by_tenant in seen.scores.items()}
     return OutcomeRow(id=f"traffic/{key[:16]}", source="+".join(sorted(seen.sources)), task=seen.task,
                       prompt=seen.prompt, scores=scores, cost_usd=None, split=hash_split(seen.prompt, heldout_share))
+
+
+def _tenant_mean(by_tenant: Mapping[str, list[float]]) -> float:
+    """The mean over tenants of each tenant's mean: every tenant weighs the same."""
+    means = [sum(values) / len(values) for values in by_tenant.values() if values]
+    return sum(means) / len(means)
 
 
 def _model(tier: Any, tier_models: Mapping[str, str]) -> str:

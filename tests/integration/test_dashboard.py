@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import Tier
@@ -102,9 +103,60 @@ async def test_the_dashboard_needs_a_viewer_or_admin_key(start_emulator: StartEm
                 assert response.status == status, key
             async with session.get(f"{url}/dashboard", headers=headers) as response:
                 assert response.status == status, key
+
+
+async def test_a_browser_logs_in_by_post_and_holds_an_opaque_session(start_emulator: StartEmulator,
+                                                                     start_app: StartApp) -> None:
+    """Issue 37: the cookie held the raw key and the login put it in the URL. The key now goes in a POST body;
+    the cookie holds a random token the gateway maps to a session (expiring, ended by logout)."""
+    url = await start(start_emulator, start_app)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         async with session.get(f"{url}/dashboard", params={"key": VIEWER_KEY}, allow_redirects=False) as response:
-            assert response.status == 303 and response.headers["Location"] == "/dashboard"
-            assert response.cookies["gateway_dashboard"]["httponly"]
+            assert response.status == 401 and "Set-Cookie" not in response.headers  # a key in the URL: refused
+            assert 'method="post"' in await response.text()
+        async with session.post(f"{url}/dashboard/login", data={"key": "sk-wrong"}, allow_redirects=False) as response:
+            assert response.status == 401 and "Set-Cookie" not in response.headers
+        tokens = []
+        for _ in range(2):
+            async with session.post(f"{url}/dashboard/login", data={"key": VIEWER_KEY},
+                                    allow_redirects=False) as response:
+                assert response.status == 303 and response.headers["Location"] == "/dashboard"
+                cookie = response.cookies["gateway_dashboard"]
+                assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/dashboard"
+                tokens.append(cookie.value)
+        assert tokens[0] != tokens[1] and all(len(t) >= 40 and VIEWER_KEY not in t for t in tokens)
+        async with session.get(f"{url}/dashboard/data.json") as response:
+            assert response.status == 200  # the jar sends the last session
+        for cookie_value, status in ((tokens[0], 200), (VIEWER_KEY, 401), ("forged-token", 401)):
+            async with aiohttp.ClientSession() as bare:
+                async with bare.get(f"{url}/dashboard/data.json",
+                                    headers={"Cookie": f"gateway_dashboard={cookie_value}"}) as response:
+                    assert response.status == status, cookie_value  # the raw key as a cookie is not a session
+        async with session.post(f"{url}/dashboard/logout", allow_redirects=False) as response:
+            assert response.status == 303
+        async with aiohttp.ClientSession() as bare:
+            async with bare.get(f"{url}/dashboard/data.json",
+                                headers={"Cookie": f"gateway_dashboard={tokens[1]}"}) as response:
+                assert response.status == 401  # logged out: the token is gone on the server
+
+
+async def login_page(gateway_url: str, key: str) -> tuple[str, web.AppRunner]:
+    """A page on another port of the same host (same site) that logs the browser in by POST, as a person would
+    with the login form: the key never appears in an address."""
+    html = (f'<!doctype html><form id="f" method="post" action="{gateway_url}/dashboard/login">'
+            f'<input name="key" value="{key}"></form><script>document.getElementById("f").submit()</script>')
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(text=html, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return f"http://127.0.0.1:{port}/", runner
 
 
 async def test_the_page_shows_live_data_in_a_real_browser(start_emulator: StartEmulator, start_app: StartApp,
@@ -113,33 +165,37 @@ async def test_the_page_shows_live_data_in_a_real_browser(start_emulator: StartE
     url = await start(start_emulator, start_app)
     await traffic(url, 60)
     await embeddings(url, 4)
-    page = f"{url}/dashboard?key={VIEWER_KEY}"
-    dom = await run_chromium(chromium, tmp_path / "profile-dom", "--virtual-time-budget=8000", "--dump-dom", page)
-    rows = dict(re.findall(r'<td data-field="tier">([^<]+)</td><td data-field="requests">(\d+)</td>', dom))
-    assert set(rows) == {"small-int4", "large-fp16", EMBEDDER.name}, dom[-3000:]
-    assert sum(int(n) for n in rows.values()) == 64 and all(int(n) > 0 for n in rows.values())
-    ttfts = re.findall(r'<td data-field="ttft_p50_ms">([0-9.]+)</td>', dom)
-    assert len(ttfts) == 3 and all(float(ms) > 0 for ms in ttfts)
-    assert dom.count('class="uplot') >= 6, "uPlot did not draw the charts"  # the vendored library ran
-    assert re.search(r'<td data-field="tenant">test-tenant</td><td data-field="requests">64</td>', dom)
-    shares = {row["tier"]: row["share"] for row in cells(dom, "shares")}  # the routing table: every tier, a share
-    assert shares == {"small-int4": shares["small-int4"], "large-fp16": shares["large-fp16"], IDLE: "0.0 %",
-                      EMBEDDER.name: "6.3 %"}, shares  # 4 of 64
-    replicas = {row["replica"]: row for row in cells(dom, "replicas")}
-    assert set(replicas) == {"small-int4-0", "large-fp16-0", f"{IDLE}-0"}, replicas
-    for name in ("small-int4-0", "large-fp16-0"):
-        row = replicas[name]
-        assert (row["health"], row["in_flight"], row["awaiting_first_token"]) == ("up", "0", "0"), row
-        assert int(row["sent"]) > 0 and float(row["measured_ttft_ms"]) > 0 and float(row["predicted_ttft_ms"]) > 0
-    assert (replicas[f"{IDLE}-0"]["sent"], replicas[f"{IDLE}-0"]["measured_ttft_ms"]) == ("0", "-")
-    assert re.search(r'id="goodput-now">[0-9.]+ %<', dom)
-    assert 'id="redis">off<' in dom and 'id="error"></span>' in dom
-    shot = tmp_path / "dashboard.png"
-    await run_chromium(chromium, tmp_path / "profile-shot", "--virtual-time-budget=8000", "--window-size=1400,1600",
-                       f"--screenshot={shot}", page)
-    assert shot.stat().st_size > 20_000
-    if target := os.environ.get("GATEWAY_DASHBOARD_SCREENSHOT"):  # refresh docs/dashboard.png by hand
-        shutil.copy(shot, target)
+    page, runner = await login_page(url, VIEWER_KEY)
+    try:
+        dom = await run_chromium(chromium, tmp_path / "profile-dom", "--virtual-time-budget=8000", "--dump-dom", page)
+        assert VIEWER_KEY not in dom
+        rows = dict(re.findall(r'<td data-field="tier">([^<]+)</td><td data-field="requests">(\d+)</td>', dom))
+        assert set(rows) == {"small-int4", "large-fp16", EMBEDDER.name}, dom[-3000:]
+        assert sum(int(n) for n in rows.values()) == 64 and all(int(n) > 0 for n in rows.values())
+        ttfts = re.findall(r'<td data-field="ttft_p50_ms">([0-9.]+)</td>', dom)
+        assert len(ttfts) == 3 and all(float(ms) > 0 for ms in ttfts)
+        assert dom.count('class="uplot') >= 6, "uPlot did not draw the charts"  # the vendored library ran
+        assert re.search(r'<td data-field="tenant">test-tenant</td><td data-field="requests">64</td>', dom)
+        shares = {row["tier"]: row["share"] for row in cells(dom, "shares")}  # the routing table: every tier, a share
+        assert shares == {"small-int4": shares["small-int4"], "large-fp16": shares["large-fp16"], IDLE: "0.0 %",
+                          EMBEDDER.name: "6.3 %"}, shares  # 4 of 64
+        replicas = {row["replica"]: row for row in cells(dom, "replicas")}
+        assert set(replicas) == {"small-int4-0", "large-fp16-0", f"{IDLE}-0"}, replicas
+        for name in ("small-int4-0", "large-fp16-0"):
+            row = replicas[name]
+            assert (row["health"], row["in_flight"], row["awaiting_first_token"]) == ("up", "0", "0"), row
+            assert int(row["sent"]) > 0 and float(row["measured_ttft_ms"]) > 0 and float(row["predicted_ttft_ms"]) > 0
+        assert (replicas[f"{IDLE}-0"]["sent"], replicas[f"{IDLE}-0"]["measured_ttft_ms"]) == ("0", "-")
+        assert re.search(r'id="goodput-now">[0-9.]+ %<', dom)
+        assert 'id="redis">off<' in dom and 'id="error"></span>' in dom
+        shot = tmp_path / "dashboard.png"
+        await run_chromium(chromium, tmp_path / "profile-shot", "--virtual-time-budget=8000", "--window-size=1400,1600",
+                           f"--screenshot={shot}", page)
+        assert shot.stat().st_size > 20_000
+        if target := os.environ.get("GATEWAY_DASHBOARD_SCREENSHOT"):  # refresh docs/dashboard.png by hand
+            shutil.copy(shot, target)
+    finally:
+        await runner.cleanup()
 
 
 async def test_goodput_says_no_slo_when_the_policy_sets_none(start_emulator: StartEmulator, start_app: StartApp,
@@ -148,8 +204,11 @@ async def test_goodput_says_no_slo_when_the_policy_sets_none(start_emulator: Sta
     chromium = browser()
     url = await start(start_emulator, start_app, slo_ms=None)
     await traffic(url, 6)
-    dom = await run_chromium(chromium, tmp_path / "profile", "--virtual-time-budget=8000", "--dump-dom",
-                             f"{url}/dashboard?key={VIEWER_KEY}")
+    page, runner = await login_page(url, VIEWER_KEY)
+    try:
+        dom = await run_chromium(chromium, tmp_path / "profile", "--virtual-time-budget=8000", "--dump-dom", page)
+    finally:
+        await runner.cleanup()
     assert 'id="goodput-now">no SLO<' in dom
     assert {row["goodput"] for row in cells(dom, "tiers")} == {"no SLO"}
 
@@ -161,4 +220,4 @@ def test_make_run_prints_the_dashboard_address_with_the_demo_viewer_key(name: st
 
     root = Path(__file__).resolve().parents[2]
     config = load_config(root / "routes" / f"{name}.yaml", root / "policies" / f"{name}.yaml")
-    assert dashboard_url(config, "127.0.0.1", 8080) == "http://127.0.0.1:8080/dashboard?key=sk-dashboard"
+    assert dashboard_url(config, "127.0.0.1", 8080) == "http://127.0.0.1:8080/dashboard (log in with sk-dashboard)"

@@ -116,8 +116,9 @@ async def test_an_arm_on_a_slower_tier_is_found_worse_on_ttft(start_emulator: St
 async def test_a_50_50_experiment_splits_evenly_and_sticks_to_the_user(start_emulator: StartEmulator,
                                                                        start_app: StartApp) -> None:
     emulator = await start_emulator()
-    experiment = {"name": "half", "arms": [{"name": "a", "share": 0.5, "control": True},
-                                           {"name": "b", "share": 0.5, "max_tokens": {"default": 5, "maximum": 5}}]}
+    experiment = {"name": "half", "sticky_by": "user",  # the policy lets `user` decide (issue 37)
+                  "arms": [{"name": "a", "share": 0.5, "control": True},
+                           {"name": "b", "share": 0.5, "max_tokens": {"default": 5, "maximum": 5}}]}
     config = gateway_config([tier("small", [f"{emulator.url}/v1"])], policy={"experiments": [experiment]})
     url = await start_app(create_app(config))
     users = [f"user-{i}" for i in range(400)]
@@ -137,6 +138,26 @@ async def test_a_50_50_experiment_splits_evenly_and_sticks_to_the_user(start_emu
     assert arm_of == [headers["x-gateway-arm"] for _, headers, _ in again]
     assert [h["x-gateway-arm"] for _, h, _ in opened] == [h["x-gateway-arm"] for _, h, _ in followed]
     assert len({h["x-gateway-arm"] for _, h, _ in opened}) == 2
+
+
+async def test_an_arm_never_loosens_the_tenants_cap_and_user_does_not_pick_it(start_emulator: StartEmulator,
+                                                                                start_app: StartApp) -> None:
+    """Issue 37: an arm's max_tokens (3,000) replaced the tenant's 128 maximum with on_exceed: reject, and a
+    client picked that arm through `user`."""
+    emulator = await start_emulator()
+    experiment = {"name": "loose", "arms": [{"name": "c", "share": 0.5, "control": True},
+                                            {"name": "big", "share": 0.5, "max_tokens": {"default": 3000,
+                                                                                         "maximum": 3000}}]}
+    config = gateway_config([tier("small", [f"{emulator.url}/v1"])], policy={
+        "experiments": [experiment], "max_tokens": {"default": 64, "maximum": 128, "on_exceed": "reject"}})
+    url = await start_app(create_app(config))
+    async with aiohttp.ClientSession() as session:
+        asked = await gather_bounded([lambda i=i: chat(session, url, f"topic {i}", max_tokens=3000)
+                                      for i in range(40)], 8)
+        steered = await gather_bounded([lambda u=u: chat(session, url, "one question", user=f"user-{u}")
+                                        for u in range(40)], 8)
+    assert {status for status, _, _ in asked} == {400}  # in either arm: the tenant's maximum, rejected
+    assert len({headers["x-gateway-arm"] for _, headers, _ in steered}) == 1  # `user` moves nobody
 
 
 def shadow_tiers(small: str, large: str, busy: str | None = None) -> list[Tier]:
@@ -308,15 +329,58 @@ async def test_feedback_is_tenant_checked_stored_and_logged(start_emulator: Star
     assert keyless[0] == 401 and keyless[1]["error"]["code"] == "invalid_api_key"
     assert both[0] == 400 and both[1]["error"]["param"] == "score"
     assert ok == (200, {"object": "feedback", "request_id": request_id, "score": 1.0, "created": ok[1]["created"],
-                        "experiment": "e", "arm": "all"})
+                        "experiment": "e", "arm": "all", "replaced": False})
     [line] = [entry for entry in logs if entry["event"] == "feedback"]
     assert (line["tenant"], line["request_id"], line["score"], line["arm"]) == (TEST_TENANT, request_id, 1.0, "all")
     refused = [entry for entry in logs if entry["event"] == "feedback_refused"]
     assert [entry["reason"] for entry in refused] == ["other_tenant", "unknown"]
     client = Redis.from_url(redis_url)
     try:
-        [(_, fields)] = await client.xrange(f"feedback:{TEST_TENANT}")
-        assert orjson.loads(fields[b"json"])["comment"] == "spot on"
-        assert await client.xlen(f"feedback:{OTHER_TENANT}") == 0
+        [stored] = (await client.hgetall(f"feedback:{{{TEST_TENANT}}}:by_id")).values()
+        assert orjson.loads(stored)["comment"] == "spot on"
+        assert await client.hlen(f"feedback:{{{OTHER_TENANT}}}:by_id") == 0
     finally:
         await client.aclose()
+
+
+async def test_feedback_is_limited_per_tenant_and_kept_once_per_request(
+    start_emulator: StartEmulator, start_app: StartApp, redis_url: str, tmp_path: Path,
+) -> None:
+    """Issue 37: 40 posts on one answer. The tenant's limit (its requests_per_min, 30) refuses the last 10 with a
+    429; the store keeps one feedback for the request (the last); every later line says it replaces the one
+    before, and training reads one label for the prompt, weighted as the other tenant's one label."""
+    emulator = await start_emulator()
+    tenants = [{**TENANTS[0], "rate_limit": {"requests_per_min": 30}}, TENANTS[1]]
+    config = gateway_config([tier("small", [f"{emulator.url}/v1"])], policy={"tenants": tenants})
+    url = await start_app(create_app(config, redis_url=redis_url))
+    with capture_logs() as logs:
+        async with aiohttp.ClientSession() as session:
+            _, headers, _ = await chat(session, url, "rate me")
+            _, other_headers, _ = await chat(session, url, "rate me", key=OTHER_KEY)
+            request_id = headers["x-request-id"]
+            posts = [await feedback(session, url, TEST_API_KEY, request_id=request_id, score=1.0 if i else 0.0)
+                     for i in range(40)]
+            other = await feedback(session, url, OTHER_KEY, request_id=other_headers["x-request-id"], score=0.0)
+            async with session.post(f"{url}/v1/feedback", json={"request_id": request_id, "score": 1.0},
+                                    headers=AUTH) as response:
+                retry_after = response.headers.get("Retry-After")
+    assert [status for status, _ in posts] == [200] * 30 + [429] * 10 and retry_after is not None
+    assert posts[-1][1]["error"]["code"] == "feedback_rate_limited"
+    assert [body["replaced"] for _, body in posts[:30]] == [False] + [True] * 29
+    assert other[0] == 200  # the other tenant's limit is its own
+    lines = [entry for entry in logs if entry["event"] == "feedback"]
+    assert [line["replaces"] for line in lines if line["tenant"] == TEST_TENANT] == [False] + [True] * 29
+    client = Redis.from_url(redis_url)
+    try:
+        stored = await client.hgetall(f"feedback:{{{TEST_TENANT}}}:by_id")
+        assert list(stored) == [request_id.encode()] and orjson.loads(stored[request_id.encode()])["score"] == 1.0
+    finally:
+        await client.aclose()
+    from gateway.training.traffic_outcomes import read_mixed
+
+    log = tmp_path / "requests.log"
+    log.write_bytes(b"".join(orjson.dumps({**line, "prompt": "rate me"}) + b"\n" for line in lines))
+    rows, counts = read_mixed([log])
+    assert (counts.feedback, counts.feedback_replaced) == (2, 29)
+    [row] = rows  # alice's last score (1.0) and the other tenant's (0.0) weigh the same
+    assert row.scores == {"small": pytest.approx(0.5)}

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.config.loader import load_routes
-from gateway.config.policies import Arm, PolicyConfig
+from gateway.config.policies import Arm, MaxTokens, PolicyConfig
 from gateway.config.tenants import TenantPolicy
 from gateway.experiments.assign import apply_arm, assign, position, salt_of, sticky_key
 
@@ -27,9 +27,12 @@ def tenant(*experiments: dict[str, Any]) -> TenantPolicy:
     return GatewayConfig.build(ROUTES, PolicyConfig.model_validate(data)).tenants_by_key_hash[KEY]
 
 
-def fifty_fifty(name: str = "e") -> dict[str, Any]:
+def fifty_fifty(name: str = "e", **extra: Any) -> dict[str, Any]:
     return {"name": name, "arms": [{"name": "ctl", "share": 0.5, "control": True},
-                                   {"name": "big", "share": 0.5, "default_tier": "large-fp16"}]}
+                                   {"name": "big", "share": 0.5, "default_tier": "large-fp16"}], **extra}
+
+
+BY_USER = {"sticky_by": "user"}
 
 
 def chat(user: str | None = None, system: str = "Be brief.", first: str = "hello", turns: int = 0) -> dict[str, Any]:
@@ -47,7 +50,7 @@ def arms_of(policy: TenantPolicy, bodies: list[dict[str, Any]]) -> list[str | No
 
 
 def test_a_fifty_fifty_experiment_splits_10k_users_within_two_percent_and_is_sticky() -> None:
-    policy = tenant(fifty_fifty())
+    policy = tenant(fifty_fifty(**BY_USER))
     first = arms_of(policy, [chat(user) for user in USERS])
     counts = Counter(first)
     assert set(counts) == {"ctl", "big"}
@@ -60,7 +63,7 @@ def test_a_fifty_fifty_experiment_splits_10k_users_within_two_percent_and_is_sti
 
 
 def test_shares_are_followed_for_uneven_splits_and_the_rest_is_the_implicit_control() -> None:
-    policy = tenant({"name": "e", "arms": [{"name": "a", "share": 0.1}, {"name": "b", "share": 0.3}]})
+    policy = tenant({"name": "e", "arms": [{"name": "a", "share": 0.1}, {"name": "b", "share": 0.3}], **BY_USER})
     counts = Counter(arms_of(policy, [chat(user) for user in USERS]))
     assert set(counts) == {"a", "b", "control"}
     for arm, share in (("a", 0.1), ("b", 0.3), ("control", 0.6)):
@@ -85,27 +88,31 @@ def test_completion_prompts_and_content_parts_are_keys_and_empty_bodies_are_not_
     assert sticky_key(parts) == sticky_key(chat(first="hello"))
     assert sticky_key({"prompt": "once upon"}) == sticky_key({"prompt": ["once upon", "x"]}) is not None
     assert sticky_key({"prompt": "once upon"}) != sticky_key({"prompt": "a time"})
-    assert sticky_key({"user": "u"}) != sticky_key({"prompt": "u"})
+    assert sticky_key({"user": "u"}, by_user=True) != sticky_key({"prompt": "u"})
     assert assign(policy, {"model": "auto", "messages": []}) is None
     assert assign(policy, {"model": "auto", "user": ""}) is None
 
 
 def test_a_reload_with_the_same_shares_keeps_every_assignment_and_a_larger_share_only_adds() -> None:
     bodies = [chat(user) for user in USERS]
-    before = arms_of(tenant(fifty_fifty()), bodies)
-    edited = fifty_fifty()
+    before = arms_of(tenant(fifty_fifty(**BY_USER)), bodies)
+    edited = fifty_fifty(**BY_USER)
     edited["arms"][1]["default_tier"] = "medium-int8"  # the arm's override changes, its share does not
     assert arms_of(tenant(edited), bodies) == before
-    small = {"name": "e", "arms": [{"name": "ctl", "share": 0.1, "control": True}, {"name": "t", "share": 0.1}]}
-    grown = {"name": "e", "arms": [{"name": "ctl", "share": 0.1, "control": True}, {"name": "t", "share": 0.3}]}
+    small = {"name": "e", "arms": [{"name": "ctl", "share": 0.1, "control": True}, {"name": "t", "share": 0.1}],
+             **BY_USER}
+    grown = {"name": "e", "arms": [{"name": "ctl", "share": 0.1, "control": True}, {"name": "t", "share": 0.3}],
+             **BY_USER}
     was, now = arms_of(tenant(small), bodies), arms_of(tenant(grown), bodies)
     assert all(n == w for w, n in zip(was, now) if w is not None)  # nobody changes arm
     assert Counter(now)["t"] > Counter(was)["t"] + 1000  # the newcomers come from outside the experiment
 
 
 def test_experiments_are_exclusive_and_split_independently() -> None:
-    first = {"name": "first", "arms": [{"name": "c1", "share": 0.25, "control": True}, {"name": "t1", "share": 0.25}]}
-    second = {"name": "second", "arms": [{"name": "c2", "share": 0.5, "control": True}, {"name": "t2", "share": 0.5}]}
+    first = {"name": "first", "arms": [{"name": "c1", "share": 0.25, "control": True}, {"name": "t1", "share": 0.25}],
+             **BY_USER}
+    second = {"name": "second", "arms": [{"name": "c2", "share": 0.5, "control": True}, {"name": "t2", "share": 0.5}],
+              **BY_USER}
     policy = tenant(first, second)
     got = [assign(policy, chat(user)) for user in USERS]
     counts = Counter(a.arm for a in got if a is not None)
@@ -122,7 +129,7 @@ def test_experiments_are_exclusive_and_split_independently() -> None:
 
 
 def test_positions_are_uniform_and_depend_on_the_experiment_name() -> None:
-    keys = [sticky_key({"user": user}) for user in USERS]
+    keys = [sticky_key({"user": user}, "t", by_user=True) for user in USERS]
     a = [position(salt_of("a"), k) for k in keys if k is not None]
     b = [position(salt_of("b"), k) for k in keys if k is not None]
     assert all(0 <= p < 1 for p in a)
@@ -139,3 +146,61 @@ def test_apply_arm_replaces_only_the_fields_the_arm_sets() -> None:
     assert effective.default_tier == base.default_tier and effective.max_tokens == base.max_tokens
     assert effective.plan is None and base.plan is not None
     assert assign(tenant(), chat("u")) is None  # no experiments: nothing to do
+
+
+
+def test_without_sticky_by_user_the_user_field_does_not_pick_the_arm() -> None:
+    """Issue 37: a client walked `user` values until it landed in the arm it wanted. By default the key is the
+    tenant and the conversation: a thousand `user` values on one conversation are one arm."""
+    policy = tenant(fifty_fifty())
+    arms = set(arms_of(policy, [chat(user, first="the same question") for user in USERS[:1000]]))
+    assert len(arms) == 1
+    assert set(arms_of(tenant(fifty_fifty(**BY_USER)), [chat(u, first="the same question") for u in USERS[:1000]])) \
+        == {"ctl", "big"}  # where the policy allows it, `user` decides
+
+
+def test_the_tenant_is_part_of_the_key() -> None:
+    bodies = [chat(first=f"question {i}") for i in range(4000)]
+    ours = [sticky_key(b, "alice") for b in bodies]
+    theirs = [sticky_key(b, "bob") for b in bodies]
+    assert all(a != b for a, b in zip(ours, theirs))
+    at = [(position(salt_of("e"), a) < 0.5) == (position(salt_of("e"), b) < 0.5)  # type: ignore[arg-type]
+          for a, b in zip(ours, theirs)]
+    assert sum(at) / len(at) == pytest.approx(0.5, abs=0.04)  # independent splits
+
+
+@pytest.mark.parametrize(("tenant_cap", "arm_cap", "effective"), [
+    # the issue's case: 3,000 granted against the tenant's 128 maximum with on_exceed: reject
+    (MaxTokens(default=64, maximum=128, on_exceed="reject"), MaxTokens(default=3000, maximum=3000),
+     MaxTokens(default=64, maximum=128, on_exceed="reject")),
+    # a stricter arm applies
+    (MaxTokens(default=256, maximum=4096), MaxTokens(default=16, maximum=32, on_exceed="reject"),
+     MaxTokens(default=16, maximum=32, on_exceed="reject")),
+    (MaxTokens(default=100, maximum=1000), MaxTokens(default=500, maximum=600),
+     MaxTokens(default=100, maximum=600)),
+])
+def test_an_arm_never_loosens_the_tenants_max_tokens(tenant_cap: MaxTokens, arm_cap: MaxTokens,
+                                                     effective: MaxTokens) -> None:
+    import dataclasses
+
+    base = dataclasses.replace(tenant(), max_tokens=tenant_cap)
+    assert apply_arm(base, Arm(name="x", share=0.5, max_tokens=arm_cap)).max_tokens == effective
+
+
+def test_an_arms_policy_keeps_every_cap_of_the_tenant() -> None:
+    data = {"default_tier": "small-int4", "tenants": [{
+        "name": "t", "api_key_sha256": KEY, "max_tokens": {"default": 64, "maximum": 128, "on_exceed": "reject"},
+        "max_prompt_chars": 500, "output_cap": {"tokens": 32, "chars": 200},
+        "rate_limit": {"requests_per_min": 10, "tokens_per_min": 3000}, "daily_budget_usd": 1.0,
+        "experiments": [{"name": "e", "arms": [
+            {"name": "loose", "share": 0.5, "max_tokens": {"default": 3000, "maximum": 3000},
+             "default_tier": "large-fp16"}]}]}]}
+    base = GatewayConfig.build(ROUTES, PolicyConfig.model_validate(data)).tenants_by_key_hash[KEY]
+    assert base.plan is not None
+    (loose, _control) = base.plan.experiments[0].arms
+    arm = loose.policy
+    assert arm.max_tokens == MaxTokens(default=64, maximum=128, on_exceed="reject")
+    for name in ("max_prompt_chars", "output_cap", "rate_limit", "daily_budget_usd", "allowed_tiers", "priority",
+                 "stop", "cache", "name", "max_prompt_tokens"):
+        assert getattr(arm, name) == getattr(base, name), name
+    assert arm.default_tier == "large-fp16"

@@ -14,9 +14,10 @@ import structlog
 from redis.asyncio import Redis
 
 from gateway.cache.guard import RedisGuard
-from gateway.errors import GatewayError, InvalidRequest, NotFound, Overloaded, error_body
+from gateway.errors import GatewayError, InvalidRequest, NotFound, Overloaded, RateLimited, error_body
 from gateway.experiments.feedback import (
-    OWNER_BUCKET_S, OWNER_PREFIX, FeedbackStore, RequestOwner, RequestOwners, owner_bucket_key, parse_feedback, submit_feedback,
+    DEFAULT_PER_MIN, OWNER_BUCKET_S, OWNER_PREFIX, FeedbackLimiter, FeedbackStore, RequestOwner, RequestOwners,
+    feedback_per_minute, owner_bucket_key, parse_feedback, submit_feedback,
 )
 
 ALICE = RequestOwner("alice", "bands-v2", "treatment", "large-fp16")
@@ -77,14 +78,14 @@ async def test_feedback_recorded_on_one_replica_is_accepted_on_another_and_refus
         with pytest.raises(NotFound) as unknown:
             await submit_feedback({"request_id": "req-404", "score": 1}, "alice", replica_b, store)
     assert reply == {"object": "feedback", "request_id": "req-1", "score": 0.0, "created": 1_700_000_000,
-                     "experiment": "bands-v2", "arm": "treatment"}
+                     "experiment": "bands-v2", "arm": "treatment", "replaced": False}
     assert other.value.status == unknown.value.status == 404 and other.value.message == unknown.value.message \
         .replace("req-404", "req-2")  # another tenant's id looks exactly like an unknown one
     assert orjson.loads(error_body(other.value))["error"]["code"] == "request_not_found"
     accepted = [line for line in logs if line["event"] == "feedback"]
     assert accepted == [{"event": "feedback", "log_level": "info", "ts": "2023-11-14T22:13:20.000+00:00",
                          "request_id": "req-1", "tenant": "alice", "experiment": "bands-v2", "arm": "treatment",
-                         "tier": "large-fp16", "score": 0.0, "source": "thumbs", "comment": True}]
+                         "tier": "large-fp16", "score": 0.0, "source": "thumbs", "comment": True, "replaces": False}]
     assert [line["reason"] for line in logs if line["event"] == "feedback_refused"] == ["other_tenant", "unknown"]
     (stored,) = await store.recent("alice")
     assert stored["comment"] == "wrong" and stored["request_id"] == "req-1" and await store.recent("bob") == []
@@ -144,3 +145,54 @@ async def test_an_owner_is_found_in_an_earlier_bucket_until_the_window_has_passe
     assert await reader.lookup("early") == ALICE and await reader.lookup("later") == RequestOwner("bob")
     wall[0] += 900 + 2 * OWNER_BUCKET_S  # past the window of both buckets: not read any more
     assert await reader.lookup("early") is None and await reader.lookup("later") is None
+
+
+async def test_a_request_keeps_one_feedback_the_last_and_the_store_stays_bounded(guard: RedisGuard) -> None:
+    """Issue 37: 100 posts on one request id are one feedback (the last); the oldest request ids leave first."""
+    owners, store = RequestOwners(None), FeedbackStore(guard, max_entries=3)
+    for rid in ("r0", "r1", "r2", "r3"):
+        owners.record(rid, ALICE)
+    clock = [1_700_000_000.0]
+    replies = []
+    for i in range(100):
+        clock[0] += 1
+        replies.append(await submit_feedback({"request_id": "r0", "score": i / 100}, "alice", owners, store,
+                                             now=lambda: clock[0]))
+    assert [r["replaced"] for r in replies] == [False] + [True] * 99
+    (only,) = await store.recent("alice")
+    assert (only["request_id"], only["score"]) == ("r0", 0.99)
+    for rid in ("r1", "r2", "r3"):
+        clock[0] += 1
+        await submit_feedback({"request_id": rid, "thumbs": "up"}, "alice", owners, store, now=lambda: clock[0])
+    assert [f["request_id"] for f in await store.recent("alice")] == ["r3", "r2", "r1"]  # r0, the oldest, left
+
+
+async def test_feedback_is_limited_per_tenant_across_replicas(guard: RedisGuard) -> None:
+    owners = RequestOwners(None)
+    owners.record("r1", ALICE)
+    owners.record("b1", RequestOwner("bob"))
+    replica_a, replica_b = FeedbackLimiter(guard), FeedbackLimiter(guard)
+    for i in range(5):
+        await submit_feedback({"request_id": "r1", "score": 1}, "alice", owners,
+                              limiter=replica_a if i % 2 else replica_b, per_min=5)
+    with pytest.raises(RateLimited) as caught:
+        await submit_feedback({"request_id": "r1", "score": 1}, "alice", owners, limiter=replica_a, per_min=5)
+    assert caught.value.code == "feedback_rate_limited" and float(caught.value.headers()["Retry-After"]) >= 1
+    with pytest.raises(RateLimited):  # unknown ids count too: probing is limited
+        await submit_feedback({"request_id": "nope", "score": 1}, "alice", owners, limiter=replica_b, per_min=5)
+    await submit_feedback({"request_id": "b1", "score": 1}, "bob", owners, limiter=replica_a, per_min=5)
+    assert feedback_per_minute(None) == DEFAULT_PER_MIN and feedback_per_minute(30) == 30
+
+
+async def test_without_redis_each_replica_takes_its_share_of_the_feedback_limit() -> None:
+    down = RedisGuard(Redis(port=1), op_timeout_s=0.05)
+    limiter = FeedbackLimiter(down, replicas=lambda: 2)
+    for _ in range(5):
+        await limiter.admit("alice", 10)
+    with pytest.raises(RateLimited):
+        await limiter.admit("alice", 10)
+    alone = FeedbackLimiter(None)
+    for _ in range(10):
+        await alone.admit("alice", 10)
+    with pytest.raises(RateLimited):
+        await alone.admit("alice", 10)

@@ -110,3 +110,18 @@ tiers:
     printed = capsys.readouterr().out
     assert "1 outcome rows, 1 shadow pairs, 0 feedback" in printed and "fitted 2 model outputs" in printed
     assert main(["train", "--from-outcomes", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "r")]) == 2
+
+
+def test_one_feedback_per_request_counts_the_last_and_every_tenant_weighs_the_same(tmp_path: Path) -> None:
+    """Issue 37: 100 posts on one request id were 100 labels (0.15 became 0.99), and one tenant's volume
+    outweighed another's for the same prompt."""
+    pairs = jsonl(tmp_path / "pairs.jsonl", [pair("r1", "Shared prompt", 0.15)])
+    spam = [feedback("r1", "small", 1.0, ts=f"2026-11-27T10:00:{i + 2:02d}.000+00:00") for i in range(50)]
+    spam.insert(10, feedback("r1", "small", 0.1, ts="2026-11-27T10:01:00.000+00:00"))  # the latest, read early
+    many = [feedback(f"b{i}", "small", 0.0, tenant="bob", prompt="Shared prompt") for i in range(30)]
+    log = jsonl(tmp_path / "requests.log", [*spam, *many])
+    rows, counts = read_mixed([pairs, log], MODELS)
+    (row,) = rows
+    assert (counts.feedback, counts.feedback_replaced) == (31, 50)
+    # demo: the pair (0.15) and its one feedback, the last by time (0.1): 0.125; bob: 0.0 however many
+    assert row.scores == {"m7b": pytest.approx(0.0625), "m51b": 1.0}
