@@ -47,6 +47,8 @@ ANSWER_PARAMS = (
     "truncate_prompt_tokens", "include_stop_str_in_output", "skip_special_tokens", "echo", "suffix",
 )
 
+_ANSWER_SET = frozenset(ANSWER_PARAMS)
+
 
 class BadRequest(ValueError):
     """An invalid request body; answered with HTTP 400 and an OpenAI error."""
@@ -244,7 +246,10 @@ def salted(prompt_hash: int, salt: str) -> int:
 
 def answer_salt(body: dict[str, Any]) -> str:
     """The ANSWER_PARAMS a body sets, as canonical JSON ('' when it sets none)."""
-    given = {k: body[k] for k in ANSWER_PARAMS if body.get(k) is not None}
+    names = _ANSWER_SET.intersection(body)
+    if not names:
+        return ""
+    given = {k: body[k] for k in names if body[k] is not None}
     return _json(given) if given else ""
 
 
