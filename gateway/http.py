@@ -265,8 +265,8 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[GATEWAY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    gateway = request.app[GATEWAY]  # series naming tenants only with a metrics key (gateway.metrics)
+    return gateway.metrics.scrape(request.headers.get("Authorization"), gateway.config.policy)
 
 
 async def not_found(request: web.Request) -> web.Response:

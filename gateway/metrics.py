@@ -1,13 +1,38 @@
 """Prometheus metrics of one gateway app (its own registry: no process-global state). The gateway's own
-series are gateway.promfast's lock-free ones, observed on the event loop and rendered on scrape."""
+series are gateway.promfast's lock-free ones, observed on the event loop and rendered on scrape.
+
+Series that name a tenant (a `tenant` label: spend, savings, shadow comparisons) are served only to a scrape
+that brings a metrics key (issue 37): `Authorization: Bearer <token>` where the token's SHA-256 is one of the
+policy's `metrics_keys_sha256` or its admin key, or the token is the GATEWAY_METRICS_TOKEN environment
+variable the gateway started with (Prometheus: `authorization: {type: Bearer, credentials_file: ...}` in the
+scrape config, or a ServiceMonitor's `authorization.credentials` Secret). A scrape without a metrics key (no
+token, or any other: a tenant's API key is not one) gets every other series (health, latency, admission) and
+the header `x-gateway-metrics: tenant-series-omitted`: the tenant panels of a misconfigured Prometheus go empty,
+never anyone's spend to an unauthenticated reader.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from gateway.dashboard.series import OutcomeSeries
 from gateway.dashboard.window import LiveWindow
 from gateway.promfast import Counter, CounterChild, Gauge, Histogram, HistogramChild
+
+if TYPE_CHECKING:
+    from gateway.config.policies import PolicyConfig
+
+METRICS_TOKEN_ENV = "GATEWAY_METRICS_TOKEN"
+TENANT_LABEL = "tenant"
+EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
@@ -18,7 +43,10 @@ Series = tuple[CounterChild, HistogramChild, HistogramChild, HistogramChild, Cou
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, token: str | None = None) -> None:
+        """`token`: the metrics key (default: the GATEWAY_METRICS_TOKEN environment variable, read once here)."""
+        token = token if token is not None else os.environ.get(METRICS_TOKEN_ENV)
+        self._token_sha256 = _sha256(token) if token else None
         self.registry = CollectorRegistry()
         labels = ("tier", "status")
         self.requests = Counter(
@@ -106,8 +134,42 @@ class GatewayMetrics:
             self._children[(tier, status)] = series
         return series
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, tenants: bool = True) -> bytes:
+        """The exposition; without `tenants`, every series that names a tenant left out."""
+        return generate_latest(self.registry if tenants else TenantFree(self.registry))
+
+    def scrape(self, authorization: str | None, policy: PolicyConfig) -> web.Response:
+        """GET /metrics: every series for a metrics key; without one (no token, or another key) those naming no
+        tenant, marked by a header."""
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        keys = [*policy.metrics_keys_sha256, *filter(None, (policy.admin_api_key_sha256, self._token_sha256))]
+        if token and keys:
+            given = _sha256(token)
+            if any(hmac.compare_digest(given, key) for key in keys):
+                return web.Response(body=self.render(), headers={"Content-Type": EXPOSITION})
+        return web.Response(body=self.render(tenants=False), headers={
+            "Content-Type": EXPOSITION, "x-gateway-metrics": "tenant-series-omitted"})
+
+
+def _sha256(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class TenantFree:
+    """A registry's metrics without the samples that carry a tenant label (a family left with none is dropped)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            kept = [sample for sample in metric.samples if TENANT_LABEL not in sample.labels]
+            if len(kept) < len(metric.samples):
+                if not kept:
+                    continue
+                metric.samples = kept
+            yield metric
 
 
 class ShadowSeries:

@@ -330,6 +330,9 @@ class PolicyConfig(Limits):
     dashboard_viewer_keys_sha256: tuple[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")], ...] = Field(
         default=(), description="hex SHA-256 of keys that may open GET /dashboard (read-only; the admin key may too)"
     )
+    metrics_keys_sha256: tuple[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")], ...] = Field(
+        default=(), description="hex SHA-256 of bearer tokens that may scrape the /metrics series naming tenants "
+        "(without one a scrape gets the others; the admin key and GATEWAY_METRICS_TOKEN may too)")
     quality_predictor: str = Field(
         default="models/router", min_length=1,
         description="folder of the trained quality predictor that quality_floor routes on (one per gateway)")

@@ -6,6 +6,11 @@ preemption), (2) admits waiting sequences FIFO while `max_running`, KV capacity 
 per-step prefill budget allow, (3) sleeps prefill + decode time (see `physics.py`), then
 (4) gives every running sequence one token. `step()` and `emit()` are plain methods, so
 tests and what-if simulations can drive the engine on its model clock without sleeping.
+
+A request of several prompts and choices (`create_all`: prompts x best_of, best_of >= n) is that many sequences,
+each decoded like any other. The sequences of one prompt share its full blocks (`PromptShare`): the first to run
+holds them and prefills the prompt, the others add only their last partial block and their own output, as vLLM's
+forked or prefix-cached siblings do; `release_all` frees them together and records one request.
 """
 
 from __future__ import annotations

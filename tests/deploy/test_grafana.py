@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import aiohttp
+import pytest
 import yaml
 
 from gateway.app import create_app
@@ -49,8 +50,12 @@ def test_metric_names_are_read_from_queries() -> None:
     assert metric_names(expr) == {"gateway_ttft_seconds_bucket", "gateway_x"}
 
 
+METRICS_TOKEN = "metrics-token"  # what Prometheus sends (deploy/k8s/monitoring.yaml), GATEWAY_METRICS_TOKEN
+
+
 async def test_every_query_names_a_metric_the_gateway_exposes(start_emulator: StartEmulator, start_app: StartApp,
-                                                               redis_url: str) -> None:
+                                                               redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_METRICS_TOKEN", METRICS_TOKEN)
     emulator = await start_emulator()
     url = await start_app(create_app(gateway_config([tier("t", [f"{emulator.url}/v1"])]), redis_url=redis_url))
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as session:
@@ -58,8 +63,13 @@ async def test_every_query_names_a_metric_the_gateway_exposes(start_emulator: St
         async with session.post(f"{url}/v1/chat/completions", json=body) as response:
             assert response.status == 200
             await response.read()
-        async with session.get(f"{url}/metrics") as response:
+        async with session.get(f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}) as response:
+            assert "x-gateway-metrics" not in response.headers
             names = exposed(await response.text())
+        async with session.get(f"{url}/metrics") as response:  # a tenant's own key is not a metrics key
+            assert response.headers["x-gateway-metrics"] == "tenant-series-omitted"
+            public = await response.text()
+    assert 'tenant="' not in public and "gateway_tenant_cost_usd_total" in names
     assert "gateway_requests_total" in names and "gateway_redis_up" in names
     for expr in queries():
         selected = metric_names(expr)

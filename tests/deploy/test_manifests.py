@@ -82,9 +82,21 @@ def test_service_monitors_select_services_and_their_ports() -> None:
         selected = [s for s in services if wanted.items() <= s["metadata"].get("labels", {}).items()]
         assert selected, f"ServiceMonitor {monitor['metadata']['name']} selects no Service"
         for endpoint in monitor["spec"]["endpoints"]:
-            assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+            assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "authorization"}
             assert endpoint["path"] == "/metrics"
             assert all(endpoint["port"] in {p["name"] for p in s["spec"]["ports"]} for s in selected)
+
+
+def test_prometheus_scrapes_the_gateway_with_the_metrics_key_the_gateway_reads() -> None:
+    """Issue 37: the series naming tenants are served only with the metrics key: the gateway's ServiceMonitor
+    sends, as a bearer token, the Secret key the gateway pods read as GATEWAY_METRICS_TOKEN."""
+    (endpoint,) = one("ServiceMonitor", "gateway")["spec"]["endpoints"]
+    authorization = endpoint["authorization"]
+    assert authorization["type"] == "Bearer"
+    secret, key = authorization["credentials"]["name"], authorization["credentials"]["key"]
+    assert key in one("Secret", secret)["stringData"]
+    (env,) = [e for e in container(one("Deployment", "gateway"))["env"] if e["name"] == "GATEWAY_METRICS_TOKEN"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
 
 
 def test_the_configmaps_are_the_repository_files() -> None:

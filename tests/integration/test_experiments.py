@@ -225,9 +225,12 @@ async def test_shadow_requests_stop_under_admission_pressure(start_emulator: Sta
     assert shadowed == {headers["x-request-id"] for _, headers, _ in calm}
 
 
+METRICS_TOKEN = "metrics-token"  # the shadow series name tenants: served only with a metrics key (issue 37)
+
+
 async def shadow_metrics(session: aiohttp.ClientSession, url: str) -> dict[str, dict[tuple[str, ...], float]]:
     """The gateway_shadow_* samples of GET /metrics: sample name -> (label values, in label-name order) -> value."""
-    async with session.get(f"{url}/metrics") as response:
+    async with session.get(f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}) as response:
         assert response.status == 200
         text = await response.text()
     samples: dict[str, dict[tuple[str, ...], float]] = {}
@@ -245,7 +248,9 @@ async def test_shadow_outcomes_agreement_and_cost_are_in_metrics_as_the_log_line
     failing = await start_emulator(faults=FaultConfig(error_rate=1.0))  # a 500 before any byte: nothing to price
     tiers = [*shadow_tiers(small.url, large.url, busy.url), tier("failing", [f"{failing.url}/v1"])]
     tenants = [TENANTS[0], {**TENANTS[1], "shadow": {"share": 1.0, "from": "small", "to": "failing"}}]
-    app = create_app(gateway_config(tiers, policy={"shadow": SHADOW, "tenants": tenants}),
+    metrics_keys = [hashlib.sha256(METRICS_TOKEN.encode()).hexdigest()]
+    app = create_app(gateway_config(tiers, policy={"shadow": SHADOW, "tenants": tenants,
+                                                   "metrics_keys_sha256": metrics_keys}),
                      shadow_pairs=tmp_path / "pairs.jsonl")
     url = await start_app(app)
     gateway = app[GATEWAY]

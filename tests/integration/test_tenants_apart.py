@@ -104,3 +104,37 @@ async def test_the_redis_keys_of_two_tenants_are_apart(start_app: StartApp, redi
     assert all(len(keys) == 1 for keys in seen) and not seen[0] & seen[1]
 
 
+
+
+METRICS_TOKEN, ADMIN_KEY, ENV_TOKEN = "sk-metrics", "sk-admin", "sk-env-metrics"
+
+
+async def test_metrics_name_tenants_only_for_a_metrics_key(start_emulator: StartEmulator, start_app: StartApp,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_METRICS_TOKEN", ENV_TOKEN)
+    config = two_tenants([tier("t", [f"{(await start_emulator()).url}/v1"])])
+    policy = config.policy.model_copy(update={
+        "metrics_keys_sha256": (hashlib.sha256(METRICS_TOKEN.encode()).hexdigest(),),
+        "admin_api_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()})
+    url = await start_app(create_app(GatewayConfig.build(config.routes, policy)))
+    body = {"model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as session:
+        for key in (TEST_API_KEY, BOB_KEY):
+            async with session.post(f"{url}/v1/chat/completions", json=body,
+                                    headers={"Authorization": f"Bearer {key}"}) as response:
+                assert response.status == 200
+
+        async def scrape(token: str | None) -> tuple[str, str | None]:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with session.get(f"{url}/metrics", headers=headers) as response:
+                assert response.status == 200
+                return await response.text(), response.headers.get("x-gateway-metrics")
+
+        for token in (None, TEST_API_KEY, "wrong", "é"):  # nobody, a tenant, a guess: no tenant named
+            text, marker = await scrape(token)
+            assert marker == "tenant-series-omitted" and 'tenant="' not in text
+            assert "gateway_requests_total" in text and "gateway_tenant_cost_usd_total{" not in text
+        for token in (METRICS_TOKEN, ADMIN_KEY, ENV_TOKEN):
+            text, marker = await scrape(token)
+            assert marker is None and 'gateway_tenant_cost_usd_total{tenant="alice"}' in text
+            assert 'tenant="bob"' in text
