@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 
 from gateway.local.redis_server import free_port
-from tests.integration.test_replicas import Replica, processes, spawn, spawn_emulator, wait_ready
+from tests.integration.test_cli import processes, wait_ready
+from tests.integration.test_replicas import Replica, spawn, spawn_emulator
 
 __all__ = ["processes"]  # the fixture, imported for use here
 
