@@ -232,10 +232,31 @@ def read_statuses(dest: Path, target: Target) -> dict[str, str]:
     return statuses
 
 
-def mutant_diff(dest: Path, name: str) -> str:
-    done = subprocess.run([str(mutmut_bin()), "show", name], cwd=dest, capture_output=True, text=True)
-    lines = [ln for ln in done.stdout.splitlines() if ln[:1] in "+-@" and not ln.startswith(("+++", "---"))]
-    return "\n".join(lines) or done.stdout.strip()
+DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+for name in json.loads(sys.stdin.read()):
+    try:
+        diff = get_diff_for_mutant(name)
+    except Exception as exc:  # a mutant mutmut cannot show: say so, keep the others
+        diff = repr(exc)
+    print(json.dumps([name, diff]))
+"""
+
+
+def mutant_diffs(dest: Path, names: list[str]) -> dict[str, str]:
+    """The changed lines of each mutant (what `mutmut show NAME` prints), in one process for all."""
+    if not names:
+        return {}
+    done = subprocess.run([sys.executable, "-c", DIFFS], cwd=dest, input=json.dumps(names), capture_output=True,
+                          text=True)
+    diffs: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("["):
+            name, diff = json.loads(line)
+            kept = [ln for ln in diff.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+            diffs[name] = "\n".join(kept) or diff.strip()
+    return diffs
 
 
 def mutmut_bin() -> Path:
@@ -291,8 +312,9 @@ def report(o: Outcome, dest: Path, equivalent: dict[str, str], quiet: bool) -> N
     for name in sorted(o.stale_equivalent):
         print(f"[{o.target}] listed as equivalent but now killed (remove it from {EQUIVALENT_FILE.name}): {name}")
     if not quiet:
+        diffs = mutant_diffs(dest, o.survivors)
         for name in o.survivors:
-            print(f"--- {o.statuses[name]}: {name}\n{mutant_diff(dest, name)}")
+            print(f"--- {o.statuses[name]}: {name}\n{diffs.get(name, '(no diff)')}")
         for name in sorted(o.equivalent):
             print(f"--- equivalent: {name}: {equivalent[name]}")
 
