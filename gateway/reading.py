@@ -26,8 +26,7 @@ exact lookups only. A request whose only message is an assistant turn has none e
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -46,14 +45,15 @@ PartKind = Literal["text", "media", "token_ids", "tool", "tool_call"]
 MEDIA_TYPES = {"image_url": "url", "input_image": "image_url", "input_audio": "data", "file": "file_data"}
 
 
-@dataclass(frozen=True, slots=True)
-class Part:
-    """One input the backend reads: its kind, whose it is (a message's role, 'prompt', 'tools') and its value
-    (text; a media reference; token ids; a tool definition or call as JSON)."""
+class Part(NamedTuple):
+    """One input the backend reads: its kind, whose it is (a message's role, 'prompt', 'tools'), its value
+    (text; a media reference; token ids; a tool definition or call as JSON) and the message or prompt it is in
+    (two turns are not one turn of two parts)."""
 
     kind: PartKind
     role: str
     value: Any
+    turn: int = 0
 
 
 class Reading:
@@ -120,14 +120,14 @@ class Reading:
     def key(self) -> str:
         """A digest of the whole reading: equal for two requests exactly when every input and parameter is."""
         if self._key is None:
-            self._key = _digest(self._answer_fields(), [(p.kind, p.role, p.value) for p in self.parts])
+            self._key = _digest(self._answer_fields(), self.parts)
         return self._key
 
     def context_key(self) -> str:
         """A digest of everything but `semantic_text` (the last part, when there is one)."""
         if self._context_key is None:
             parts = self.parts[:-1] if self.semantic_text is not None else self.parts
-            self._context_key = _digest(self._answer_fields(), [(p.kind, p.role, p.value) for p in parts])
+            self._context_key = _digest(self._answer_fields(), parts)
         return self._context_key
 
     def _answer_fields(self) -> list[Any]:
@@ -157,19 +157,20 @@ def read(endpoint: Endpoint, body: dict[str, Any]) -> Reading:
 
 def _chat_parts(messages: list[dict[str, Any]]) -> tuple[list[Part], str | None]:
     parts: list[Part] = []
-    for message in messages:
+    for turn, message in enumerate(messages):
         role = message["role"]
         if message.get("name") is not None or message.get("tool_call_id") is not None:
-            parts.append(Part("text", role, f"{message.get('name') or ''}\x00{message.get('tool_call_id') or ''}"))
+            parts.append(Part("text", role, f"{message.get('name') or ''}\x00{message.get('tool_call_id') or ''}",
+                              turn))
         content = message.get("content")
         if isinstance(content, str):
-            parts.append(Part("text", role, content))
+            parts.append(Part("text", role, content, turn))
         elif isinstance(content, list):
-            parts.extend(_content_part(role, item) for item in content)
+            parts.extend(_content_part(role, item, turn) for item in content)
         for call in (message.get("tool_calls") or ()):
-            parts.append(Part("tool_call", role, _json(call)))
+            parts.append(Part("tool_call", role, _json(call), turn))
         if message.get("function_call") is not None:
-            parts.append(Part("tool_call", role, _json(message["function_call"])))
+            parts.append(Part("tool_call", role, _json(message["function_call"]), turn))
     last = messages[-1] if messages else None
     semantic = None
     if last is not None and last["role"] == "user" and parts and parts[-1].role == "user" \
@@ -193,10 +194,10 @@ def _is_text(item: Any) -> bool:
         and isinstance(item.get("text"), str)
 
 
-def _content_part(role: str, item: Any) -> Part:
+def _content_part(role: str, item: Any, turn: int) -> Part:
     """A content part: its text, a media part by its reference (data URL bytes or remote URL), else as JSON."""
     if _is_text(item):
-        return Part("text", role, item["text"])
+        return Part("text", role, item["text"], turn)
     if isinstance(item, dict):
         kind = item.get("type")
         inner = item.get(kind) if isinstance(kind, str) else None
@@ -205,10 +206,10 @@ def _content_part(role: str, item: Any) -> Part:
             ref = inner.get(field) if isinstance(inner, dict) else inner
             detail = inner.get("detail") if isinstance(inner, dict) else None
             if isinstance(ref, str):
-                return Part("media", role, ref if detail is None else f"{detail}\x00{ref}")
+                return Part("media", role, ref if detail is None else f"{detail}\x00{ref}", turn)
         if kind == "refusal" and isinstance(item.get("refusal"), str):
-            return Part("text", role, item["refusal"])
-    return Part("media", role, _json(item))  # unknown parts count whole, as media: never ignored
+            return Part("text", role, item["refusal"], turn)
+    return Part("media", role, _json(item), turn)  # unknown parts count whole, as media: never ignored
 
 
 def _prompt_parts(prompt: Any) -> tuple[list[Part], int]:
@@ -217,8 +218,8 @@ def _prompt_parts(prompt: Any) -> tuple[list[Part], int]:
         return [Part("text", "prompt", prompt)], 1
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return [Part("token_ids", "prompt", tuple(prompt))], 1
-    parts = [Part("text", "prompt", p) if isinstance(p, str) else Part("token_ids", "prompt", tuple(p))
-             for p in prompt or ()]
+    parts = [Part("text", "prompt", p, i) if isinstance(p, str) else Part("token_ids", "prompt", tuple(p), i)
+             for i, p in enumerate(prompt or ())]
     return parts, max(len(parts), 1)
 
 
@@ -244,5 +245,6 @@ def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def _digest(fields: list[Any], parts: list[Any]) -> str:
-    return hashlib.sha256(orjson.dumps([fields, parts], option=orjson.OPT_SORT_KEYS)).hexdigest()
+def _digest(fields: list[Any], parts: tuple[Part, ...]) -> str:
+    plain = [tuple(part) for part in parts]  # orjson writes tuples, not their subclasses
+    return hashlib.sha256(orjson.dumps([fields, plain], option=orjson.OPT_SORT_KEYS)).hexdigest()

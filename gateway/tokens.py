@@ -135,7 +135,9 @@ class EmulatorTokenCounter:
         ids = _token_ids(body)
         if ids is not None:
             return ids
-        return self.count(render_chat(body.get("messages")) if endpoint == "chat" else prompt_text(endpoint, body))
+        if endpoint == "chat":
+            return self.count(render_chat(body.get("messages"), tools=body.get("tools") or body.get("functions")))
+        return self.count(prompt_text(endpoint, body))
 
 
 class TokenCounters:

@@ -70,6 +70,8 @@ PAIRS_THAT_DIFFER: list[tuple[str, Endpoint, dict[str, Any], dict[str, Any]]] = 
     ("n", "chat", chat(user("hi"), n=2), chat(user("hi"))),
     ("a prompt list's order", "completions", {"prompt": ["a", "b"]}, {"prompt": ["b", "a"]}),
     ("one prompt or two", "completions", {"prompt": ["ab"]}, {"prompt": ["a", "b"]}),
+    ("two turns or one turn of two parts", "chat", chat(user("a"), user("a")),
+     chat(user([{"type": "text", "text": "a"}, {"type": "text", "text": "a"}]))),
     ("text split across parts", "chat", chat(user([{"type": "text", "text": "ab"}])),
      chat(user([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]))),
     ("temperature", "chat", chat(user("hi"), temperature=0), chat(user("hi"), temperature=0.5)),
