@@ -8,9 +8,11 @@ import hmac
 import orjson
 from aiohttp import web
 
+from gateway.accounted import refuse
 from gateway.state import GATEWAY, Gateway
 from gateway.body import read_body
-from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound, error_body
+from gateway.edge_keys import bearer
+from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
 from gateway.explain import explain
 from gateway.stages.parse import check_depth
 from gateway.types import Endpoint
@@ -27,14 +29,10 @@ def _check_admin(request: web.Request, gateway: Gateway) -> None:
     stored = gateway.config.policy.admin_api_key_sha256
     if stored is None:
         raise NotFound("admin endpoints are off: set admin_api_key_sha256 in the policy file")
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    given = hashlib.sha256(key.strip().encode()).hexdigest()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given, stored):
+    key = bearer(request.headers)  # 401 when its bytes are not UTF-8
+    given = hashlib.sha256((key or "").encode()).hexdigest()
+    if key is None or not hmac.compare_digest(given, stored):
         raise AuthenticationFailed("admin endpoints need the admin API key")
-
-
-def _error(err: GatewayError) -> web.Response:
-    return web.Response(body=error_body(err), status=err.status, content_type=JSON, headers=err.headers())
 
 
 async def admin_config(request: web.Request) -> web.Response:
@@ -42,7 +40,7 @@ async def admin_config(request: web.Request) -> web.Response:
     try:
         _check_admin(request, gateway)
     except GatewayError as err:
-        return _error(err)
+        return refuse(request, err)
     config, reloader = gateway.config, gateway.reloader
     body = {"version": config.version, "loaded_at": config.loaded_at, "tiers": list(config.tiers),
             "tenants": sorted(t.name for t in config.tenants_by_key_hash.values()), "hot_reload": reloader is not None}
@@ -77,5 +75,5 @@ async def admin_explain(request: web.Request) -> web.Response:
                                session_header=session_id if isinstance(session_id, str) else None,
                                predictor=gateway.predictor)
     except GatewayError as err:
-        return _error(err)
+        return refuse(request, err)
     return web.Response(body=orjson.dumps(report), content_type=JSON)

@@ -193,7 +193,9 @@ def _limiter(gateway: Gateway, writes: BackgroundWrites) -> Limiter:
     """The rate limiter, and the heartbeats that tell it how many replicas share a limit."""
     redis = gateway.config.routes.redis
     gateway.replicas = Replicas(gateway.redis, lambda: gateway.config.routes.redis.expected_replicas)
-    return Limiter(gateway.redis, writes, gateway.replicas, gateway.metrics, timeout_s=redis.limits_timeout_ms / 1000)
+    gateway.limiter = Limiter(gateway.redis, writes, gateway.replicas, gateway.metrics,
+                              timeout_s=redis.limits_timeout_ms / 1000)
+    return gateway.limiter
 
 
 def _background(gateway: Gateway, session: aiohttp.ClientSession, watchdog: IdleWatchdog,

@@ -4,18 +4,21 @@ replies into responses, and GatewayError into the OpenAI error JSON."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
 from collections.abc import Awaitable, Callable, Mapping
-import time
+from functools import partial
 
 import orjson
 import structlog
 from aiohttp import web
 
+from gateway.accounted import (
+    account_edge, account_refusal, edge_context, new_context, probe, refuse, self_accounted,
+)
 from gateway.backends.tier_health import backends_health
 from gateway.body import JSON, read_body
 from gateway.context import RequestContext
+from gateway.edge_keys import api_key, bearer
+from gateway.edge_server import ON_REFUSAL, OnRefusal
 from gateway.errors import (
     AuthenticationFailed, GatewayError, MethodNotAllowed, NotFound, Overloaded, UpstreamError, error_body,
 )
@@ -36,27 +39,24 @@ POST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/m
               "/v1/feedback", COUNT_TOKENS)
 
 log = structlog.get_logger("gateway.http")
-_ID_PREFIX = os.urandom(6).hex()  # per process: ids stay unique across gateway replicas
-_ID_COUNTER = itertools.count(1)
-
-
-def next_request_id() -> str:
-    """A unique request id without a syscall per request: a random process prefix and a counter."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    """The gateway's endpoints, and the middleware that logs the answer of those outside the request path."""
+    app.middlewares.append(account_edge)
+    on_refusal: OnRefusal = partial(account_refusal, app)  # requests aiohttp's parser refuses (gateway.edge_server)
+    app[ON_REFUSAL] = on_refusal
+    app.router.add_post("/v1/chat/completions", self_accounted(chat_completions))
+    app.router.add_post("/v1/completions", self_accounted(completions))
+    app.router.add_post("/v1/embeddings", self_accounted(embeddings))
     app.router.add_post("/v1/feedback", feedback)
     for path, wire in WIRES.items():
-        app.router.add_post(path, _translated(wire))
+        app.router.add_post(path, self_accounted(_translated(wire)))
     app.router.add_post(COUNT_TOKENS, count_message_tokens)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", probe(healthz))
+    app.router.add_get("/readyz", probe(readyz))
+    app.router.add_get("/metrics", probe(metrics))
     app.router.add_get("/openapi.json", openapi)
     app.router.add_route("*", "/{tail:.*}", not_found)
 
@@ -77,16 +77,20 @@ def _translated(wire: Wire) -> Callable[[web.Request], Awaitable[web.StreamRespo
 
 
 async def count_message_tokens(request: web.Request) -> web.Response:
-    """POST /v1/messages/count_tokens (Anthropic): {"input_tokens": N}; errors in Anthropic's shape."""
+    """POST /v1/messages/count_tokens (Anthropic): {"input_tokens": N}; errors in Anthropic's shape. Within the
+    tenant's rate limit (a request, no tokens: no backend runs); its log line costs 0 (`gateway.accounted`)."""
     gateway = request.app[GATEWAY]
     wire = WIRES["/v1/messages"]  # the same key header, body checks and error shape
-    key = _bearer(request) or (request.headers.get(wire.key_header) if wire.key_header else None)
+    ctx = edge_context(request)
     try:
+        ctx.tenant = resolve_tenant(gateway.config, api_key(request.headers, wire.key_header))
+        if gateway.limiter is not None:
+            await gateway.limiter.admit(ctx.tenant, 0)
         raw = await read_body(request, gateway.config.policy.max_body_bytes, gateway.client_limits.body_timeout_s)
-        body = count_input_tokens(gateway.config, key, raw, gateway.accountant.input_tokens)
+        body = count_input_tokens(gateway.config, ctx.tenant, raw, gateway.accountant.input_tokens)
     except GatewayError as err:
-        return web.Response(body=wire.error_body(err), status=err.status, content_type=JSON, headers=err.headers())
-    return web.Response(body=body, content_type=JSON)
+        return refuse(request, err, wire)
+    return web.Response(body=body, content_type=JSON, headers={"x-request-id": ctx.request_id})
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -100,8 +104,7 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
     path = gateway.path
     if path is None:  # aiohttp serves only once the resources are open: a guard, not a state
         return web.Response(body=error_body(Overloaded("the gateway is starting")), status=503, content_type=JSON)
-    key = _bearer(request) or (request.headers.get(wire.key_header) if wire and wire.key_header else None)
-    ctx = RequestContext(next_request_id(), endpoint, gateway.config, b"", key, time.perf_counter(), time.time(), wire)
+    ctx = new_context(gateway, request.path, endpoint, wire)
     ctx.session_header = request.headers.get(SESSION_HEADER)
     if gateway.tracing is not None:
         ctx.trace = gateway.tracing.start(request.headers, ctx)
@@ -109,6 +112,7 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
     gateway.metrics.in_flight.inc()
     reply = None
     try:
+        ctx.api_key = api_key(request.headers, wire.key_header if wire is not None else None)  # 401: not UTF-8
         ctx.raw_body = await read_body(request, ctx.config.policy.max_body_bytes,
                                        gateway.client_limits.body_timeout_s)
         reply = await path.run(ctx)
@@ -172,12 +176,6 @@ async def _write_behind(
     return True
 
 
-def _bearer(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
 def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     headers = {"x-request-id": ctx.request_id}
     if ctx.tier is not None:
@@ -217,10 +215,10 @@ async def feedback(request: web.Request) -> web.Response:
     x-request-id (`gateway.experiments.feedback`). An API key is required, even where anonymous requests are allowed."""
     gateway = request.app[GATEWAY]
     try:
-        key = _bearer(request)
+        key = bearer(request.headers)
         if key is None:
             raise AuthenticationFailed("feedback needs an API key: send 'Authorization: Bearer <key>'")
-        tenant = resolve_tenant(gateway.config, key)
+        tenant = edge_context(request).tenant = resolve_tenant(gateway.config, key)
         if gateway.owners is None:  # aiohttp serves only once the resources are open: a guard, not a state
             raise Overloaded("the gateway is starting")
         raw = await read_body(request, gateway.config.policy.max_body_bytes, gateway.client_limits.body_timeout_s)
@@ -228,7 +226,7 @@ async def feedback(request: web.Request) -> web.Response:
                                       limiter=gateway.feedback_limiter, per_min=feedback_per_minute(
                                           tenant.rate_limit.requests_per_min if tenant.rate_limit else None))
     except GatewayError as err:
-        return web.Response(body=error_body(err), status=err.status, headers=err.headers(), content_type=JSON)
+        return refuse(request, err)
     return web.Response(body=orjson.dumps(reply), content_type=JSON)
 
 
@@ -275,6 +273,4 @@ async def not_found(request: web.Request) -> web.Response:
         err = MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use POST")
     else:
         err = NotFound(f"no route for {request.method} {request.path}")
-    wire = WIRES.get("/v1/messages" if request.path == COUNT_TOKENS else request.path)
-    body = error_body(err) if wire is None else wire.error_body(err)
-    return web.Response(body=body, status=err.status, content_type=JSON)
+    return refuse(request, err, WIRES.get("/v1/messages" if request.path == COUNT_TOKENS else request.path))

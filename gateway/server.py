@@ -20,6 +20,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from gateway.edge_server import EdgeRunner
+
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # Young collections every 20,000 net allocations instead of 700: a request's objects die by reference
 # count, so a collection finds little, and 700 meant several per request (docs/BENCHMARKS.md, hot path).
@@ -44,7 +46,7 @@ async def start(app: web.Application, host: str = "127.0.0.1", port: int = 0,
     `runner.cleanup()` waits up to `drain_timeout_s` for requests in flight."""
     if LIFECYCLE not in app:
         app[LIFECYCLE] = Lifecycle()
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout_s)
+    runner = EdgeRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -13,6 +13,7 @@ from gateway.cache.responses import ResponseCache
 from gateway.client_limits import ClientLimits
 from gateway.config import GatewayConfig
 from gateway.config.reload import ConfigReloader
+from gateway.limits.limiter import Limiter
 from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
@@ -46,6 +47,7 @@ class Gateway:
     owners: RequestOwners | None = None  # request id -> tenant and arm, for POST /v1/feedback
     feedback: FeedbackStore | None = None  # accepted feedback in Redis (None: logged only)
     feedback_limiter: FeedbackLimiter | None = None  # feedback posts per tenant a minute
+    limiter: Limiter | None = None  # tenants' rate limits and budgets (the policy stage's; count_tokens's too)
     shadow: ShadowSender | None = None  # shadow comparisons' queue and workers
     sessions: SessionStage | None = None  # sticky-tier sessions (route stage; admin explain peeks)
 

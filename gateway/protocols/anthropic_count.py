@@ -9,20 +9,19 @@ from typing import Any
 
 import orjson
 
-from gateway.config import GatewayConfig, Tier
+from gateway.config import GatewayConfig, TenantPolicy, Tier
 from gateway.errors import InvalidRequest
 from gateway.protocols.anthropic import AnthropicWire
 from gateway.stages.parse import decode_body
-from gateway.stages.policy import resolve_tenant
 from gateway.stages.route import served_tier
 from gateway.types import AUTO_MODEL
 
 
-def count_input_tokens(config: GatewayConfig, api_key: str | None, raw: bytes,
+def count_input_tokens(config: GatewayConfig, tenant: TenantPolicy, raw: bytes,
                        count: Callable[[Tier, dict[str, Any]], int]) -> bytes:
-    """POST /v1/messages/count_tokens: the tenant's key, the body checked as a message (400 naming the field),
-    the model's tier (404 unknown, 403 not allowed), then `count` with that tier's tokenizer."""
-    tenant = resolve_tenant(config, api_key)
+    """POST /v1/messages/count_tokens for `tenant` (the edge resolved its key and admitted it): the body checked
+    as a message (400 naming the field), the model's tier (404 unknown, 403 not allowed), then `count` with that
+    tier's tokenizer."""
     body = decode_body(raw)
     chat = AnthropicWire().to_chat({**body, "max_tokens": 1, "stream": False})  # what count_tokens has no use for
     model = chat.get("model")

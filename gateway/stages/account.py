@@ -44,7 +44,9 @@ class Accountant:
         a tokenizer that does not load raises a ConfigError naming its tier (the reload refuses the version)."""
         build_counters(config.routes, self._counters)
 
-    def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext, observe: bool = True) -> None:
+        """Price the request and write its line; `observe` False: the line only, not the serving metrics and
+        dashboard (an answer outside the request path: admin, dashboard, probes, count_tokens; gateway.accounted)."""
         ctx.finished_at = now = time.perf_counter()
         self.count_tokens(ctx)
         cost, avoided, baseline = _prices(ctx, utc_day(ctx.ts))
@@ -59,6 +61,7 @@ class Accountant:
         fields = {
             "request_id": ctx.request_id,
             "ts": iso_ms(ctx.ts),
+            "path": ctx.path,
             "tenant": ctx.tenant_name,
             "model_requested": bounded(ctx.model_requested),
             "difficulty": None if ctx.difficulty is None else round(ctx.difficulty, 4),
@@ -101,6 +104,8 @@ class Accountant:
         }
         fields.update(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM)
         log_request(fields)
+        if not observe:
+            return
         self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
         good = meets_slo(ctx, ttft_s)
         self._metrics.live.record(ctx, ttft_s, tpot_s, baseline - cost, good)

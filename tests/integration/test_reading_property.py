@@ -87,7 +87,7 @@ def chat(draw: st.DrawFn) -> Generated:
     one_turn = st.tuples(st.fixed_dictionaries({
         "role": st.sampled_from(["user", "assistant"]),
         "content": st.one_of(WORDS, st.tuples(WORDS, IMAGE).map(lambda p: [{"type": "text", "text": p[0]}, p[1]]))}))
-    messages = list(draw(st.one_of(one_turn, st.lists(st.fixed_dictionaries({
+    messages: list[dict[str, Any]] = list(draw(st.one_of(one_turn, st.lists(st.fixed_dictionaries({
         "role": st.sampled_from(["system", "user", "assistant"]), "content": content}), min_size=1, max_size=3))))
     n, max_tokens, seed = draw(st.sampled_from([None, 1, 2])), draw(st.sampled_from([None, 4, 100])), \
         draw(st.sampled_from([None, 1]))

@@ -27,7 +27,7 @@ from gateway.tokens import TokenCounters
 CONFIG = gateway_config([tier("small", ["http://127.0.0.1:9/v1"], input_per_mtok=0.2, output_per_mtok=0.6),
                          tier("big", ["http://127.0.0.1:9/v1"], input_per_mtok=3.0, output_per_mtok=15.0)])
 KEYS = [
-    "request_id", "ts", "tenant", "model_requested", "difficulty", "quality", "route_reason", "tier", "backend", "status", "outcome", "error",
+    "request_id", "ts", "path", "tenant", "model_requested", "difficulty", "quality", "route_reason", "tier", "backend", "status", "outcome", "error",
     "stream", "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "priced_from", "ttft_ms", "tpot_ms", "e2e_ms",
     "queue_ms", "predicted_ttft_ms", "brownout_from", "rerouted_from", "max_tokens", "max_tokens_clamped_from",
     "attempts", "prefix_blocks", "output_capped", "finish_reason",
