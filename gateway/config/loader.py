@@ -103,7 +103,7 @@ def _read(file: Path) -> tuple[Any, yaml.Node | None]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
-        reason = f"invalid YAML: {getattr(err, 'problem', None) or err}"
+        reason = redact_urls_in(f"invalid YAML: {getattr(err, 'problem', None) or err}")  # may quote the line
         raise ConfigError([ConfigIssue(str(file), line, "(document)", "-", reason)]) from None
     return data, node
 

@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 import orjson
 import structlog
 
+from gateway.backends.urls import redact_url
+
 if TYPE_CHECKING:
     from gateway.tracing.settings import ExportSettings
 
@@ -77,9 +79,9 @@ class HttpPoster:
         except ValueError:
             port, url = None, urlsplit("")
         self._invalid = None if url.scheme in ("http", "https") and url.hostname else \
-            f"the OTLP endpoint is not an http(s) URL: {settings.endpoint!r}"
+            f"the OTLP endpoint is not an http(s) URL: {redact_url(settings.endpoint)!r}"
         if self._invalid:  # as with the SDK, the gateway runs; each export fails (and says why)
-            log.error("tracing_bad_endpoint", endpoint=settings.endpoint)
+            log.error("tracing_bad_endpoint", endpoint=redact_url(settings.endpoint))
         self._https = url.scheme == "https"
         # the port given explicitly: left out, http.client would take an IPv6 host's last `:1` for one
         self.host, self.port = url.hostname or "", port or (443 if self._https else 80)
