@@ -27,6 +27,7 @@ from gateway.backends.pool import ReplicaPool
 from gateway.clock import utc_day
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
+from gateway.reading import read
 from gateway.errors import GatewayError
 from gateway.experiments.feedback import RequestOwner, RequestOwners
 from gateway.experiments.shadow import Embedder, Embedding, ShadowJob, ShadowReply, ShadowSender
@@ -129,6 +130,7 @@ class GatewaySend:
         ctx = RequestContext(f"shadow-{next(_SHADOW_IDS)}", "chat" if "messages" in body else "completions", config,
                              b"", None, time.perf_counter(), time.time())
         ctx.body, ctx.model_requested, ctx.tier = body, tier_name, tier
+        ctx.reading = read(ctx.endpoint, body)
         max_tokens = body.get("max_tokens")
         ctx.max_tokens = max_tokens if isinstance(max_tokens, int) else None
         ctx.prompt_tokens_est = ctx.input_tokens_est()

@@ -62,15 +62,11 @@ class ContextSink:
 
 
 def outputs(ctx: RequestContext) -> tuple[int, int]:
-    """(answers the client gets: prompts x n, answers the backend writes: prompts x max(n, best_of)); a stream's
-    choice indexes run over the first. The backend decodes them side by side: a TPOT is per output."""
-    body = ctx.body
-    n, best_of = body.get("n"), body.get("best_of")
-    n = n if type(n) is int and n > 1 else 1
-    best_of = best_of if type(best_of) is int and best_of > n else n
-    prompt = body.get("prompt") if ctx.endpoint == "completions" else None
-    prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
-    return prompts * n, prompts * best_of
+    """(answers the client gets: prompts x n, answers the backend writes: prompts x max(n, best_of)), from the
+    request's reading; a stream's choice indexes run over the first. The backend decodes them side by side: a
+    TPOT is per output."""
+    reading = ctx.reading
+    return (reading.outputs, reading.generated) if reading is not None else (1, 1)
 
 
 def apply_usage(ctx: RequestContext, usage: object) -> None:
