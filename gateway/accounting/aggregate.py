@@ -22,13 +22,15 @@ class GroupStats:
 
     __slots__ = (
         "requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits", "unpriced_baseline",
-        "cost", "avoided", "baseline", "saved", "routing_savings", "cost_q", "ttft_q", "e2e_q",
+        "cost", "avoided", "baseline", "saved", "routing_savings", "cost_q", "ttft_q", "e2e_q", "shadow_calls",
+        "shadow_cost",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.requests = self.errors = self.prompt_tokens = self.completion_tokens = 0
-        self.cache_hits = self.unpriced_baseline = 0
+        self.cache_hits = self.unpriced_baseline = self.shadow_calls = 0
         self.cost = self.avoided = self.baseline = self.saved = self.routing_savings = Decimal(0)
+        self.shadow_cost = Decimal(0)  # shadow comparisons' reference and judge calls: the gateway's spend
         self.cost_q, self.ttft_q, self.e2e_q = QuantileSketch(), QuantileSketch(), QuantileSketch()
 
     @property
@@ -36,7 +38,16 @@ class GroupStats:
         """What cache hits would have cost on the tier that would have served them."""
         return self.avoided
 
+    @property
+    def spend(self) -> Decimal:
+        """Everything the backends were paid for: the requests' cost and the shadow comparisons'."""
+        return self.cost + self.shadow_cost
+
     def add(self, r: Record) -> None:
+        if r.shadow_only:  # a shadow call: the gateway's spend, no request of the tenant's
+            self.shadow_calls += 1
+            self.shadow_cost += r.shadow
+            return
         self.requests += 1
         self.prompt_tokens += r.prompt_tokens
         self.completion_tokens += r.completion_tokens
@@ -60,9 +71,10 @@ class GroupStats:
             self.errors += 1
 
     def merge(self, other: GroupStats) -> None:
-        for name in ("requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits", "unpriced_baseline"):
+        for name in ("requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits", "unpriced_baseline",
+                     "shadow_calls"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("cost", "avoided", "baseline", "saved", "routing_savings"):
+        for name in ("cost", "avoided", "baseline", "saved", "routing_savings", "shadow_cost"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cost_q.merge(other.cost_q)
         self.ttft_q.merge(other.ttft_q)
@@ -115,7 +127,7 @@ class DailyCosts:
         self.cache: defaultdict[date, Decimal] = defaultdict(Decimal)
 
     def add(self, r: Record) -> None:
-        self.cost[r.day, r.tier] += r.cost
+        self.cost[r.day, r.tier] += r.cost + r.shadow  # spend: shadow comparisons' too
         self.cache[r.day] += r.avoided
         if r.priced_baseline:
             self.routing[r.day] += r.saved - r.avoided

@@ -34,6 +34,7 @@ class ReadStats:
     files: int = 0
     lines: int = 0
     records: int = 0  # request lines kept (inside the date range)
+    shadow_lines: int = 0  # shadow comparison lines kept (their spend: `shadow_only` records)
     out_of_range: int = 0
     first_day: date | None = None  # of the records kept
     last_day: date | None = None
@@ -70,21 +71,27 @@ def read_lines(path: Path, stats: ReadStats) -> Iterator[bytes]:
 def read_records(
     paths: Iterable[Path], stats: ReadStats, day_from: date | None = None, day_to: date | None = None
 ) -> Iterator[Record]:
-    """Valid request records from `paths`, in order, whose UTC day lies in [day_from, day_to]."""
+    """Valid request records (and shadow lines' spend records) from `paths`, in order, whose UTC day lies in
+    [day_from, day_to]."""
     for path in paths:
         for number, line in enumerate(read_lines(path, stats), start=1):
             stats.lines += 1
             result = parse_line(line)
-            if isinstance(result, Record):
-                if (day_from is not None and result.day < day_from) or (day_to is not None and result.day > day_to):
+            if not isinstance(result, Skip):
+                records = (result,) if isinstance(result, Record) else result
+                day = records[0].day
+                if (day_from is not None and day < day_from) or (day_to is not None and day > day_to):
                     stats.out_of_range += 1
                     continue
-                stats.records += 1
-                if stats.first_day is None or result.day < stats.first_day:
-                    stats.first_day = result.day
-                if stats.last_day is None or result.day > stats.last_day:
-                    stats.last_day = result.day
-                yield result
+                if records[0].shadow_only:
+                    stats.shadow_lines += 1
+                else:
+                    stats.records += 1
+                if stats.first_day is None or day < stats.first_day:
+                    stats.first_day = day
+                if stats.last_day is None or day > stats.last_day:
+                    stats.last_day = day
+                yield from records
                 continue
             stats.skipped[result] += 1
             if result in MALFORMED and len(stats.examples) < MAX_EXAMPLES:

@@ -1,5 +1,10 @@
 """One request log line -> a validated `Record`, or the reason it was skipped.
 
+A `shadow` line (a shadow comparison's reference and judge calls: gateway.experiments.shadow) is spend too,
+the gateway's own, billed to no tenant: it becomes `shadow_only` records carrying `shadow` dollars, one for
+the reference tier (`to_tier`: `shadow_cost_usd` less `judge_cost_usd`) and, when a judge graded the pair, one
+for the judge tier (`judge_cost_usd`), under the tenant whose request was compared.
+
 Money is read from the line's own text. orjson parses the structure (and catches broken JSON);
 for each money field the numeric token is then located in the raw bytes and handed to
 `Decimal` as written, so totals are the exact decimal sum of what the gateway logged, not of
@@ -25,7 +30,7 @@ _ZERO = Decimal(0)
 _MISSING: Any = object()
 _NUMBERS = (int, float)
 _LATENCY = (int, float, type(None))
-_MONEY = ("cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd")
+_MONEY = ("cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd", "shadow_cost_usd", "judge_cost_usd")
 _NEEDLES = {key: b'"' + key.encode() + b'"' for key in _MONEY}
 _NUMBER = re.compile(rb"[ \t]*:[ \t]*(-?[0-9][0-9.eE+-]*)")
 
@@ -61,6 +66,8 @@ class Record:
     saved: Decimal
     priced_baseline: bool  # the line carried baseline_cost_usd or saved_usd
     session: str | None = None  # the conversation's session id (a sticky-tier session), when it had one
+    shadow: Decimal = _ZERO  # a shadow comparison's spend on this tier (shadow_only records)
+    shadow_only: bool = False  # from a `shadow` line: no request of the tenant's, only the gateway's spend
 
     @property
     def served(self) -> bool:
@@ -76,8 +83,9 @@ class Malformed(Exception):
         self.field = field
 
 
-def parse_line(line: bytes) -> Record | Skip:
-    """The record a line holds, or why it holds none (malformed, other event or blank)."""
+def parse_line(line: bytes) -> Record | tuple[Record, ...] | Skip:
+    """The record a line holds (a shadow line: one or two), or why it holds none (malformed, other event or
+    blank)."""
     if line[:1] != b"{":  # log lines start with `{`: this test first, for the million lines that do
         if not line.strip():
             return Skip.BLANK
@@ -89,8 +97,14 @@ def parse_line(line: bytes) -> Record | Skip:
         return Skip.NOT_JSON
     if type(obj) is not dict:
         return Skip.NOT_JSON
-    if obj.get("event") != "request":
-        return Skip.OTHER_EVENT
+    event = obj.get("event")
+    if event != "request":
+        if event != "shadow":
+            return Skip.OTHER_EVENT
+        try:
+            return _shadow(obj, line)
+        except Malformed as exc:
+            return exc.reason
     try:
         return _record(obj, line)
     except Malformed as exc:
@@ -112,10 +126,35 @@ def explain(line: bytes) -> str:
     if type(obj) is not dict:
         return "not JSON (not an object)"
     try:
-        _record(obj, line)
+        _shadow(obj, line) if obj.get("event") == "shadow" else _record(obj, line)
     except Malformed as exc:
         return str(exc)
     return "ok"
+
+
+def _shadow(obj: dict[str, Any], line: bytes) -> tuple[Record, ...]:
+    """A shadow line's spend: the reference tier's record, and the judge tier's when a judge graded the pair."""
+    ts, tenant, to_tier, judge = obj.get("ts"), obj.get("tenant"), obj.get("to_tier"), obj.get("judge_tier")
+    for key, value in (("ts", ts), ("tenant", tenant), ("to_tier", to_tier)):
+        if value is None:
+            raise Malformed(Skip.MISSING_FIELD, key)
+        if type(value) is not str:
+            raise Malformed(Skip.WRONG_TYPE, key)
+    if judge is not None and type(judge) is not str:
+        raise Malformed(Skip.WRONG_TYPE, "judge_tier")
+    total = _money(obj, line, "shadow_cost_usd")
+    if total is None:
+        raise Malformed(Skip.MISSING_FIELD, "shadow_cost_usd")
+    judged = (_money(obj, line, "judge_cost_usd") or _ZERO) if judge is not None else _ZERO
+    judged = min(judged, total)
+    day = _day(str(ts))
+
+    def spend(tier: str, usd: Decimal) -> Record:
+        return Record(day, str(tenant), tier, 200, 0, 0, None, None, False, _ZERO, _ZERO, _ZERO, _ZERO, True,
+                      None, usd, True)
+
+    reference = spend(str(to_tier), total - judged)
+    return (reference, spend(judge, judged)) if judge is not None and judged else (reference,)
 
 
 def _record(obj: dict[str, Any], line: bytes) -> Record:

@@ -48,9 +48,12 @@ COLUMNS = (
     Column("cache hits", "cache_hits", lambda g: g.cache_hits),
     Column("routing saved $", "routing_savings_usd", lambda g: g.routing_savings, 4, money=True),
     Column("cache saved $", "cache_savings_usd", lambda g: g.cache_savings, 4, money=True),
+    Column("shadow $", "shadow_cost_usd", lambda g: g.shadow_cost, 4, money=True),
     Column("", "baseline_cost_usd", lambda g: g.baseline, table=False),
     Column("", "saved_usd", lambda g: g.saved, table=False),
     Column("", "unpriced_baseline", lambda g: g.unpriced_baseline, table=False),
+    Column("", "shadow_calls", lambda g: g.shadow_calls, table=False),
+    Column("", "spend_usd", lambda g: g.spend, table=False),
 )
 
 

@@ -5,6 +5,12 @@
 `--by session` (or tenant,session) sums each sticky-tier conversation end to end: every turn, every tier it
 went through, resumed parts included; requests outside a session share the "(none)" row.
 
+Shadow comparisons (the `shadow` lines: reference and judge calls the gateway makes on its own account) are
+spend too: the `shadow $` column, on the row of the tenant whose request was compared and of the tier that
+served the call (the reference tier, and the judge tier for its grading), kept out of `cost $` (what the
+tenant's requests cost) and out of `requests`; the CSV adds `shadow_calls` and `spend_usd` (cost + shadow),
+the chart draws spend, and the summary's first line gives the total spend with its two parts.
+
 Also runnable as `python -m gateway.accounting.report LOGS...`. Exit status: 0 done, 1 the CSV or
 chart could not be written, 2 bad arguments or unreadable log files.
 """
@@ -22,7 +28,7 @@ from typing import TextIO
 from gateway.accounting.aggregate import DIMENSIONS, DailyCosts, GroupKey, Grouped, GroupStats, aggregate
 from gateway.accounting.reader import ReadStats, read_records
 from gateway.accounting.records import Skip
-from gateway.accounting.render import table, write_csv
+from gateway.accounting.render import money_text, table, write_csv
 from gateway.report_files import write_output
 
 # Sums run in a context wide enough never to round, and trap if they ever would.
@@ -91,7 +97,8 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
     daily = DailyCosts() if args.plot else None
     aggregate(read_records(args.logs, stats, args.day_from, args.day_to), grouped, daily)
     rows, total = grouped.rows(), grouped.total()
-    span = f"UTC days {stats.first_day} .. {stats.last_day}" if stats.records else "no request lines"
+    span = (f"UTC days {stats.first_day} .. {stats.last_day}" if stats.records or stats.shadow_lines
+            else "no request lines")
     asked = f" (asked: {args.day_from or '...'} .. {args.day_to or '...'})" if args.day_from or args.day_to else ""
     print(f"Costs by {', '.join(args.by)}: {span}{asked}, {stats.files} file(s)\n", file=out)
     print(table(args.by, rows, total), file=out)
@@ -102,7 +109,7 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
         from gateway.accounting.plot import draw
 
         status |= write_output("gateway costs", args.plot, lambda: draw(daily, args.plot), out, lead="\n")
-    print("\n" + summary(stats, total.unpriced_baseline), file=out)
+    print("\n" + summary(stats, total.unpriced_baseline, total), file=out)
     return status
 
 
@@ -112,10 +119,15 @@ def _csv(args: argparse.Namespace, rows: list[tuple[GroupKey, GroupStats]], tota
 
 
 
-def summary(stats: ReadStats, unpriced: int) -> str:
+def summary(stats: ReadStats, unpriced: int, total: GroupStats | None = None) -> str:
     """What was read and what was skipped, with the first malformed lines located."""
     s = stats.skipped
+    shadow = total.shadow_cost if total is not None else decimal.Decimal(0)
+    spend = total.spend if total is not None else shadow
     lines = [
+        f"Spend: ${money_text(spend, 4)} = requests ${money_text(spend - shadow, 4)} (cost $) + shadow comparisons "
+        f"${money_text(shadow, 4)} (shadow $: "
+        f"{stats.shadow_lines:,} shadow lines, the reference and judge calls, billed to no tenant)",
         f"Lines read: {stats.lines:,} in {stats.files} file(s); request lines counted: {stats.records:,}; "
         f"outside the date range: {stats.out_of_range:,}; other events: {s[Skip.OTHER_EVENT]:,}; "
         f"blank: {s[Skip.BLANK]:,}",

@@ -10,8 +10,9 @@ two answers, and keep the pairs (a bounded Redis stream per tenant and a JSONL f
 `submit` never blocks and never raises: a job is dropped when admission is under pressure (checked again
 before each send), when the queue is full, or after `aclose`. `send(tier, body)` is the gateway's: it must
 run at batch priority, outside the tenant's rate limits and budget, and price the reply. Each pair is
-logged as one `shadow` line (its `shadow_cost_usd` is the reference and judge calls' cost, kept apart
-from the tenant's request lines).
+logged as one `shadow` line (its `shadow_cost_usd` is the reference and judge calls' cost, `judge_cost_usd` the
+judge's part of it, kept apart from the tenant's request lines; `gateway costs` reports them in its `shadow $`
+column: gateway.accounting).
 
 Every sampled request ends in one OUTCOME, counted where it is decided (`ShadowSender.outcome`: the sender's
 `stats` and, in the app, `gateway_shadow_requests_total{tenant, from_tier, to_tier, outcome}`); a logged
@@ -34,13 +35,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 import structlog
 
+from gateway.accounting.logfile import RotatingLogFile
 from gateway.config.policies import Shadow
 from gateway.tokens import prompt_text
 
@@ -176,23 +178,37 @@ def pair_key(tenant: str) -> str:
     return PAIR_PREFIX + tenant
 
 
+PAIRS_MODE = 0o600  # the pairs hold every tenant's prompts and answers: the gateway's user only
+PAIRS_MAX_BYTES = 64 * 1024 * 1024
+PAIRS_BACKUPS = 7
+
+
 class PairStore:
     """Pairs in a Redis stream per tenant (`shadow:<tenant>`, trimmed to exactly the rule's max_pairs: shadow
-    traffic is a low rate) and/or appended to a JSONL file. A Redis failure loses the pair there, not in the file."""
+    traffic is a low rate) and/or appended to a JSONL file. A Redis failure loses the pair there, not in the file.
 
-    def __init__(self, guard: RedisGuard | None, jsonl: Path | None = None, *, timeout_s: float = 0.25) -> None:
+    The file holds every tenant's prompts and answers: it is created 0600 (an older, wider one is narrowed when
+    opened) and rotates as the request log does (gateway.accounting.logfile.RotatingLogFile): at `max_bytes`
+    to `.1` .. `.<backups>` (the oldest dropped), or, with `daily`, at midnight UTC to `.<date>`; the rotated
+    files keep 0600. `gateway train --from-outcomes` reads any of them."""
+
+    def __init__(self, guard: RedisGuard | None, jsonl: Path | None = None, *, timeout_s: float = 0.25,
+                 max_bytes: int | None = PAIRS_MAX_BYTES, backups: int = PAIRS_BACKUPS, daily: bool = False) -> None:
         self.guard = guard
         self.jsonl = jsonl
         self.timeout_s = timeout_s
-        self._file: IO[bytes] | None = None
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.daily = daily
+        self._file: RotatingLogFile | None = None
 
     async def add(self, pair: ShadowPair, max_pairs: int) -> bool:
         """Store the pair; True when Redis took it (or there is no Redis)."""
         line = orjson.dumps(pair.to_dict())
         if self.jsonl is not None:
             if self._file is None:
-                self.jsonl.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.jsonl, "ab")  # noqa: SIM115 - kept open, closed by close()
+                self._file = RotatingLogFile(self.jsonl, max_bytes=self.max_bytes, backups=self.backups,
+                                             daily=self.daily, mode=PAIRS_MODE)
             self._file.write(line + b"\n")
             self._file.flush()
         if self.guard is None:
@@ -326,10 +342,11 @@ class ShadowSender:
         served = reply.status == 200
         agreement = await self.scorer.cosine(job.answer, reply.text) if served else None
         prompt = prompt_text("chat" if "messages" in job.body else "completions", dict(job.body))
-        judge_score = None
+        judge_score, judge_cost = None, 0.0
         if served and rule.judge is not None and not self.pressure():
             graded = await self.send(rule.judge, judge_body(rule.judge, prompt, job.answer, reply.text))
             cost += graded.cost_usd
+            judge_cost = graded.cost_usd
             judge_score = parse_grade(graded.text) if graded.status == 200 else None
         ts = datetime.fromtimestamp(job.ts if job.ts is not None else self._clock(), UTC)
         pair = ShadowPair(
@@ -341,7 +358,8 @@ class ShadowSender:
         log.info("shadow", ts=pair.ts, request_id=job.request_id, tenant=job.tenant, experiment=job.experiment,
                  arm=job.arm, from_tier=job.tier, to_tier=rule.to_tier, status=reply.status,
                  agreement=pair.agreement, judge_tier=rule.judge, judge_score=judge_score,
-                 shadow_cost_usd=pair.shadow_cost_usd, ttft_ms=reply.ttft_ms, e2e_ms=reply.e2e_ms,
+                 shadow_cost_usd=pair.shadow_cost_usd, judge_cost_usd=round(judge_cost, 9),
+                 ttft_ms=reply.ttft_ms, e2e_ms=reply.e2e_ms,
                  prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
         if self.metrics is not None:
             self.metrics.pair(job.tenant, job.tier, rule.to_tier, pair.agreement, pair.shadow_cost_usd)

@@ -93,7 +93,8 @@ def test_csv_header(tmp_path: Path, logs: list[Path]) -> None:
     assert list(rows[0]) == [
         "day", "requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd",
         "cost_p50_usd", "cost_p95_usd", "cost_p99_usd", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
-        "cache_hits", "routing_savings_usd", "cache_savings_usd", "baseline_cost_usd", "saved_usd", "unpriced_baseline",
+        "cache_hits", "routing_savings_usd", "cache_savings_usd", "shadow_cost_usd", "baseline_cost_usd", "saved_usd",
+        "unpriced_baseline", "shadow_calls", "spend_usd",
     ]  # fmt: skip
     assert "E" not in "".join(r["cost_usd"] for r in rows)  # plain decimals, never 1E-9
 
@@ -223,3 +224,30 @@ def test_grouping_by_session_sums_each_conversation_end_to_end(tmp_path: Path) -
     assert (rows["s1"]["requests"], Decimal(rows["s1"]["cost_usd"])) == ("2", Decimal("0.005"))
     assert (rows["s2"]["requests"], rows["(none)"]["requests"]) == ("1", "1")
     assert Decimal(rows["TOTAL"]["cost_usd"]) == Decimal("0.0075")
+
+
+def test_shadow_spend_is_in_the_report_on_the_tiers_that_served_it(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37: shadow requests' spend appeared nowhere in `gateway costs`."""
+    request = {"event": "request", "ts": "2026-11-21T05:00:00.000+00:00", "tenant": "acme", "tier": "small",
+               "status": 200, "prompt_tokens": 10, "completion_tokens": 5, "ttft_ms": 10.0, "e2e_ms": 50.0,
+               "cache": "miss", "cost_usd": 0.001}
+    shadow = {"event": "shadow", "ts": "2026-11-21T05:00:01.000+00:00", "request_id": "r1", "tenant": "acme",
+              "from_tier": "small", "to_tier": "large", "status": 200, "judge_tier": "judge",
+              "shadow_cost_usd": 0.0123, "judge_cost_usd": 0.0003, "prompt_tokens": 10, "completion_tokens": 5}
+    unjudged = {**shadow, "judge_tier": None, "shadow_cost_usd": 0.02, "judge_cost_usd": 0.0}
+    log = tmp_path / "requests.log"
+    log.write_text("".join(json.dumps(line) + "\n" for line in (request, shadow, unjudged)))
+    out = tmp_path / "costs.csv"
+    assert run_costs([str(log), "--csv", str(out)]) == 0
+    with out.open() as f:
+        rows = {(r["tenant"], r["tier"]): r for r in csv.DictReader(f)}
+    assert rows[("acme", "large")]["shadow_cost_usd"] == "0.0320" and rows[("acme", "large")]["requests"] == "0"
+    assert rows[("acme", "judge")]["shadow_cost_usd"] == "0.0003" and rows[("acme", "judge")]["shadow_calls"] == "1"
+    assert rows[("acme", "small")]["cost_usd"] == "0.001" and rows[("acme", "small")]["shadow_cost_usd"] == "0"
+    total = rows[("TOTAL", "")]
+    assert (total["requests"], total["cost_usd"], total["shadow_cost_usd"], total["spend_usd"]) == (
+        "1", "0.001", "0.0323", "0.0333")
+    text = capsys.readouterr().out
+    assert "shadow $" in text and "Spend: $0.0333 = requests $0.0010 (cost $) + shadow comparisons $0.0323" in text
+    assert "2 shadow lines" in text

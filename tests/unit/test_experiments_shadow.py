@@ -145,7 +145,7 @@ async def test_a_pair_is_scored_judged_stored_in_a_bounded_stream_and_the_jsonl_
                     "request_id": "r1", "tenant": "t", "experiment": "e", "arm": "treatment",
                     "from_tier": "small-int4", "to_tier": "large-fp16", "status": 200,
                     "agreement": pair.agreement, "judge_tier": "medium-int8", "judge_score": 0.9,
-                    "shadow_cost_usd": 0.004, "ttft_ms": 12.5, "e2e_ms": 40.0, "prompt_tokens": 9,
+                    "shadow_cost_usd": 0.004, "judge_cost_usd": 0.002, "ttft_ms": 12.5, "e2e_ms": 40.0, "prompt_tokens": 9,
                     "completion_tokens": 7}
     for i in range(2, 12):
         await sender.run(ShadowJob(f"r{i}", "t", rule, BODY, "Lyon", "small-int4"))
@@ -184,3 +184,32 @@ async def test_submit_never_blocks_drops_when_full_or_under_pressure_and_a_faile
     assert sender.stats["reference_failed"] == 1 and len(await store.recent("t")) == 2
     await sender.aclose()
     assert sender.submit(job()) is False and sender.stats["dropped_closed"] == 1
+
+
+async def test_the_pairs_file_is_private_and_rotates_like_the_request_log(tmp_path: Path) -> None:
+    """Issue 37: the shadow-pairs file (every tenant's prompts and answers) was world-readable and never rotated."""
+    import os
+    import stat
+
+    path = tmp_path / "pairs" / "shadow.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(b"")
+    path.chmod(0o644)  # a file made before the fix: narrowed when opened
+    old_umask = os.umask(0o022)
+    try:
+        store = PairStore(None, path, max_bytes=1500, backups=2)
+        sender = ShadowSender(Recorder({"large-fp16": "Paris " * 40}), AgreementScorer(WordEmbedder()), store,
+                              lambda: False)
+        for i in range(12):
+            await sender.run(ShadowJob(f"r{i}", "t", RULE, BODY, "Lyon " * 40, "small-int4"))
+            if i == 0:
+                assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the older 0644 file, narrowed
+        store.close()
+    finally:
+        os.umask(old_umask)
+    files = sorted(p.name for p in path.parent.iterdir())
+    assert files == ["shadow.jsonl", "shadow.jsonl.1", "shadow.jsonl.2"]  # rotated, two backups kept
+    for name in files:
+        mode = stat.S_IMODE((path.parent / name).stat().st_mode)
+        assert mode == 0o600, (name, oct(mode))
+    assert all(len(p.read_bytes()) <= 1500 + 1000 for p in path.parent.iterdir())
