@@ -116,21 +116,44 @@ async def test_tenants_do_not_see_each_others_answers_unless_shared(
     assert emulator.engine.stats.received == 2 - hits
 
 
-@pytest.mark.parametrize("faults", [FaultConfig(error_rate=1.0), FaultConfig(disconnect_after_tokens=2),
-                                    FaultConfig(malformed_sse=True)])
+# (fault, what the client sees, the request line's outcome and error): each failure as it is, not any exception
+FAULTS = [
+    (FaultConfig(error_rate=1.0), "APIStatusError", "upstream_error"),
+    (FaultConfig(disconnect_after_tokens=2), "APIError", "upstream_error"),
+    (FaultConfig(malformed_sse=True), None, "ok"),
+]
+
+
+@pytest.mark.parametrize(("faults", "raised", "outcome"), FAULTS, ids=["error", "disconnect", "malformed"])
 async def test_errors_and_broken_streams_are_never_stored(start_emulator: StartEmulator, start_app: StartApp,
-                                                          redis_url: str, faults: FaultConfig) -> None:
+                                                          redis_url: str, faults: FaultConfig, raised: str | None,
+                                                          outcome: str) -> None:
+    """Pins: a backend error, a stream cut mid-answer and a stream with malformed events are each never stored:
+    the same request goes to the backend again, and each time it fails the way it failed the first time."""
+    import openai
+
     base, emulator = await setup(start_emulator, start_app, redis_url, faults=faults)
     client = AsyncOpenAI(base_url=base, api_key=TEST_API_KEY, max_retries=0)
-    for _ in range(2):
-        try:
-            stream = await client.chat.completions.create(model="t", messages=MESSAGES, max_tokens=6, seed=1,
-                                                          stream=True)
-            [c async for c in stream]
-        except Exception:
-            pass
-        await settle()
+    with capture_logs() as logs:
+        for _ in range(2):
+            error: Exception | None = None
+            text = ""
+            try:
+                stream = await client.chat.completions.create(model="t", messages=MESSAGES, max_tokens=6, seed=1,
+                                                              stream=True)
+                text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            except openai.APIError as err:
+                error = err
+            await settle()
+            if raised is None:
+                assert error is None and text, error  # malformed events are dropped; the answer is whole
+            else:
+                assert type(error).__name__ == raised or isinstance(error, getattr(openai, raised)), repr(error)
     assert emulator.engine.stats.received == 2  # the second request went to the backend again
+    first, second = lines(logs)
+    assert (first["cache"], second["cache"]) == ("miss", "miss")
+    assert first["outcome"] == second["outcome"] == outcome
+    assert first["error"] is not None and second["error"] == first["error"]  # said why it was not stored
 
 
 async def test_a_cancelled_stream_is_not_stored(start_emulator: StartEmulator, start_app: StartApp,
