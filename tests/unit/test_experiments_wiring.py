@@ -36,7 +36,8 @@ from gateway.tracing.otel import ROOT_KEYS, _request_attributes
 
 TIERS = [tier("small", ["http://127.0.0.1:9/v1"]), tier("large", ["http://127.0.0.1:9/v1"])]
 SHORT = {"name": "short", "share": 0.5, "max_tokens": {"default": 7, "maximum": 7}, "default_tier": "large"}
-HALF = {"name": "half", "arms": [{"name": "base", "share": 0.5, "control": True}, SHORT]}
+HALF = {"name": "half", "sticky_by": "user",  # the users split the arms (issue 37: by policy only)
+        "arms": [{"name": "base", "share": 0.5, "control": True}, SHORT]}
 
 
 def config(**policy: Any) -> GatewayConfig:
