@@ -44,6 +44,7 @@ import structlog
 
 from gateway.accounting.logfile import RotatingLogFile
 from gateway.config.policies import Shadow
+from gateway.keyspace import OFFLINE as OFFLINE_SCOPE
 from gateway.tokens import prompt_text
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 class Embedder(Protocol):
     """What the scorer needs of an embedder (gateway.classifier.embedder.CachedEmbedder)."""
 
-    async def embed_many(self, texts: Sequence[str]) -> tuple[list[Embedding], int]: ...
+    async def embed_many(self, texts: Sequence[str], *, scope: str) -> tuple[list[Embedding], int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +166,11 @@ class AgreementScorer:
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
 
-    async def cosine(self, answer: str, reference: str) -> float:
+    async def cosine(self, answer: str, reference: str, *, scope: str = OFFLINE_SCOPE) -> float:
+        """`scope`: whose embedding cache the answers' vectors go to (the tenant's, for a shadow pair)."""
         if not answer.strip() or not reference.strip():
             return 1.0 if answer.strip() == reference.strip() else 0.0
-        (a, b), _ = await self.embedder.embed_many([answer, reference])
+        (a, b), _ = await self.embedder.embed_many([answer, reference], scope=scope)
         norm = float(np.linalg.norm(a) * np.linalg.norm(b))
         return 0.0 if norm == 0 else max(-1.0, min(1.0, float(np.dot(a, b)) / norm))
 
@@ -340,7 +342,7 @@ class ShadowSender:
         reply = await self.send(rule.to_tier, shadow_body(job.body, rule.to_tier))
         cost = reply.cost_usd
         served = reply.status == 200
-        agreement = await self.scorer.cosine(job.answer, reply.text) if served else None
+        agreement = await self.scorer.cosine(job.answer, reply.text, scope=job.tenant) if served else None
         prompt = prompt_text("chat" if "messages" in job.body else "completions", dict(job.body))
         judge_score, judge_cost = None, 0.0
         if served and rule.judge is not None and not self.pressure():
