@@ -41,7 +41,7 @@ from gateway.config import load_config
 from gateway.emulator import get_profile
 from gateway.emulator.harness import serve_emulator
 from gateway.local.redis_server import EmbeddedRedis
-from gateway.route_tools import serving_predictor
+from gateway.routing.tools import serving_predictor
 from gateway.server import running
 
 ROOT = Path(__file__).resolve().parents[1]

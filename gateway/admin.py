@@ -13,7 +13,7 @@ from gateway.state import GATEWAY, Gateway
 from gateway.body import read_body
 from gateway.edge_keys import bearer
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
-from gateway.explain import explain
+from gateway.routing.explain import explain
 from gateway.stages.parse import check_depth
 from gateway.types import Endpoint
 

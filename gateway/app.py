@@ -37,7 +37,7 @@ from gateway.limits.limiter import Limiter
 from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
-from gateway.sessions import SessionStore
+from gateway.routing.sessions import SessionStore
 from gateway.stages.account import Accountant
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.affinity import AffinityStage

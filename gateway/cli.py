@@ -250,7 +250,7 @@ def _scorer(config: GatewayConfig) -> DifficultyScorer | None:
         print(f"one classifier per gateway: using {folders[0]} (also named: {', '.join(folders[1:])})", file=sys.stderr)
     from gateway.classifier.difficulty import load_classifier
 
-    from gateway.route_tools import model_folder
+    from gateway.routing.tools import model_folder
 
     path = model_folder(folders[0])
     classifier = load_classifier(path, cuts=band_cuts(config))
@@ -320,7 +320,7 @@ def _logging(args: argparse.Namespace) -> Iterator[None]:
 def _serve(args: argparse.Namespace) -> int:
     from gateway import server
     from gateway.app import create_app
-    from gateway.route_tools import serving_predictor
+    from gateway.routing.tools import serving_predictor
 
     config = _servable(args)
     if config is None:
@@ -342,7 +342,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.local.up import up
-    from gateway.route_tools import serving_predictor
+    from gateway.routing.tools import serving_predictor
 
     config = _servable(args)
     if config is None:
@@ -374,8 +374,8 @@ async def _explained(config: GatewayConfig, args: argparse.Namespace, body: dict
     from gateway.backends.pool import ReplicaPool
     from gateway.cache.connection import connect
     from gateway.cache.guard import RedisGuard
-    from gateway.explain import explain
-    from gateway.sessions import SessionStore
+    from gateway.routing.explain import explain
+    from gateway.routing.sessions import SessionStore
     from gateway.stages.session import SessionStage
 
     guard = RedisGuard(connect(args.redis), op_timeout_s=2.0) if args.redis else None
@@ -394,8 +394,8 @@ def _route_explain(args: argparse.Namespace) -> int:
     import orjson
 
     from gateway.errors import GatewayError
-    from gateway.explain_text import lines
-    from gateway.route_tools import serving_predictor
+    from gateway.routing.explain_text import lines
+    from gateway.routing.tools import serving_predictor
 
     config = _load(args)
     if config is None:
@@ -428,7 +428,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def _route_score(args: argparse.Namespace) -> int:
-    from gateway.route_tools import run_score
+    from gateway.routing.tools import run_score
 
     return run_score(args)
 

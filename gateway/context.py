@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
 from gateway.config.tenants import Assignment
-from gateway.quality_routing import QualityChoice
+from gateway.routing.quality import QualityChoice
 from gateway.reading import CHARS_PER_TOKEN, Reading
 from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
@@ -61,7 +61,7 @@ class RequestContext:
     prefix_tokens: int = 0  # ... and its length in tokens
     predicted_ttft_s: float | None = None  # the chosen replica's predicted TTFT at admission
     brownout_from: str | None = None  # the saturated tier this request was moved away from
-    rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.detour)
+    rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.routing.detour)
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)

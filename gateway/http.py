@@ -28,7 +28,7 @@ from gateway.protocols import WIRES
 from gateway.protocols.anthropic_count import count_input_tokens
 from gateway.protocols.base import Wire, render
 from gateway.server import LIFECYCLE
-from gateway.sessions import SESSION_HEADER
+from gateway.routing.sessions import SESSION_HEADER
 from gateway.stages.policy import resolve_tenant
 from gateway.state import GATEWAY, Gateway
 from gateway.types import AUTO_MODEL, CLIENT_CLOSED_STATUS, Endpoint, Outcome, StreamReply

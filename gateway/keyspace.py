@@ -109,7 +109,7 @@ def _limits(tenant: TenantPolicy) -> list[str]:
 
 
 def _sessions(tenant: TenantPolicy) -> list[str]:
-    from gateway.sessions import redis_key, session_id
+    from gateway.routing.sessions import redis_key, session_id
 
     session = session_id(tenant.name, "conversation-1", SAMPLE_BODY)
     assert session is not None

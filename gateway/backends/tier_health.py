@@ -2,7 +2,7 @@
 
 A replica is up when it may be tried now: its last health check passed and its circuit is not open
 (`ReplicaStats.available`). A tier is `ready` when all its replicas are up, `degraded` when some are,
-`unready` when none is (model 'auto' then routes around it: `gateway.detour`). The gateway's backends
+`unready` when none is (model 'auto' then routes around it: `gateway.routing.detour`). The gateway's backends
 as a whole: `ready` when every tier is, `unready` when no tier is, else `degraded`. Tiers served in
 process (an embedder) have no replicas and are left out.
 """

@@ -36,12 +36,12 @@ class TenantPolicy:
     priority: Priority
     ttft_slo_ms: float | None
     brownout: bool
-    detour: bool  # 'auto' routes around a tier with no healthy replica (gateway.detour)
+    detour: bool  # 'auto' routes around a tier with no healthy replica (gateway.routing.detour)
     rate_limit: RateLimit | None
     daily_budget_usd: float | None
     cache: CacheRule
     routing: Routing | None
-    quality_floor: float | None  # model 'auto' by predicted quality (gateway.quality_routing); None: off
+    quality_floor: float | None  # model 'auto' by predicted quality (gateway.routing.quality); None: off
     # not hashed (mappings are not hashable): a TenantPolicy stays hashable whatever they hold
     tier_map: Mapping[str, str] = field(default_factory=dict, hash=False)  # the tier chosen -> the tier serving it
     experiments: tuple[Experiment, ...] = field(default=(), hash=False)

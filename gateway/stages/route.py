@@ -1,5 +1,5 @@
 """Route: the requested model names a tier; 'auto' takes the cheapest tier within the tenant's quality floor
-(gateway.quality_routing) when the quality predictor scored the prompt, else the difficulty band's tier, else
+(gateway.routing.quality) when the quality predictor scored the prompt, else the difficulty band's tier, else
 the default. The tenant's (or its experiment arm's) tier map then names the tier that serves it, before the
 allowed check. `ctx.route_reason` says why 'auto' went where it went."""
 
@@ -11,10 +11,10 @@ from gateway.backends.pool import ReplicaPool
 from gateway.clock import utc_day
 from gateway.config import GatewayConfig, TenantPolicy, Tier
 from gateway.context import RequestContext
-from gateway.detour import detour
+from gateway.routing.detour import detour
 from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 from gateway.protocols.embeddings import check_dimensions
-from gateway.quality_routing import choose, tier_options
+from gateway.routing.quality import choose, tier_options
 from gateway.stages.session import SessionStage
 from gateway.types import AUTO_MODEL, Reply
 
@@ -50,7 +50,7 @@ class RouteStage:
         if self._sessions is not None and ctx.tenant is not None and ctx.tenant.sessions is not None:
             await self._sessions(ctx)  # a conversation keeps its tier, moving only up (issue 32)
         if not ctx.candidates and model == AUTO_MODEL:
-            detour(ctx, self._pool)  # no healthy replica: the nearest healthy tier (gateway.detour)
+            detour(ctx, self._pool)  # no healthy replica: the nearest healthy tier (gateway.routing.detour)
         if self._shadow is not None:
             self._shadow(ctx)
         return None

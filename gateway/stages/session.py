@@ -16,7 +16,7 @@ from typing import Any
 from gateway.backends.pool import ReplicaPool
 from gateway.config import GatewayConfig, Tier
 from gateway.context import RequestContext
-from gateway.sessions import Held, SessionStore, session_id
+from gateway.routing.sessions import Held, SessionStore, session_id
 from gateway.types import AUTO_MODEL, Reply
 
 

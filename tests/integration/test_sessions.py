@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from gateway.app import create_app
 from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
-from gateway.sessions import Held, SessionStore, session_id
+from gateway.routing.sessions import Held, SessionStore, session_id
 from gateway.testing import TEST_API_KEY, gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
 

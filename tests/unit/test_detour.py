@@ -1,4 +1,4 @@
-"""Model 'auto' routed to a tier with no healthy replica goes to the nearest healthy tier (gateway.detour)."""
+"""Model 'auto' routed to a tier with no healthy replica goes to the nearest healthy tier (gateway.routing.detour)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from gateway.backends.pool import ReplicaPool
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
-from gateway.detour import nearest_healthy
+from gateway.routing.detour import nearest_healthy
 from gateway.stages.policy import PolicyStage
 from gateway.stages.route import RouteStage
 from gateway.testing import TEST_API_KEY, gateway_config, parsed_context, tier

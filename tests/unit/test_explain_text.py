@@ -10,8 +10,8 @@ from typing import Any
 
 from gateway.cli import _parser
 from gateway.config.policies import CacheRule
-from gateway.explain import explain
-from gateway.explain_text import lines
+from gateway.routing.explain import explain
+from gateway.routing.explain_text import lines
 from gateway.testing import TableQualityPredictor, TableScorer, gateway_config, tier
 
 BANDS = {"bands": [{"below": 0.5, "tier": "small"}, {"tier": "large"}]}

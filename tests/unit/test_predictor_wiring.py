@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway import route_tools
+from gateway.routing import tools as route_tools
 from gateway.testing import TableQualityPredictor, gateway_config, tier
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""quality_floor: the cheapest tier within the floor of the best predicted quality (gateway.quality_routing),
+"""quality_floor: the cheapest tier within the floor of the best predicted quality (gateway.routing.quality),
 through the classify and route stages: a predictor failure falls back to the bands, never fails the request."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.config import GatewayConfig
-from gateway.quality_routing import TierOption, choose, gain, tier_options
+from gateway.routing.quality import TierOption, choose, gain, tier_options
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.route import RouteStage

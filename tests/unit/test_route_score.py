@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import route_tools
+from gateway.routing import tools as route_tools
 from gateway.cli import main
 from gateway.testing import TableQualityPredictor
 

@@ -11,7 +11,7 @@ from gateway.backends.pool import ReplicaPool
 from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
 from gateway.context import RequestContext
-from gateway.sessions import Held, LocalSessions, SessionStore, session_id
+from gateway.routing.sessions import Held, LocalSessions, SessionStore, session_id
 from gateway.stages.session import SessionStage
 from gateway.testing import gateway_config, tier
 from gateway.testing.contexts import parsed_context

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.stats import estimate_tokens
-from gateway.quality_routing import TierOption, choose, gain, tier_options
+from gateway.routing.quality import TierOption, choose, gain, tier_options
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig, RoutesConfig
     from gateway.types import DifficultyScorer, QualityPredictor
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 SCORE_BATCH = 64  # prompts predicted at once (the predictor's micro-batcher groups them)
 
 

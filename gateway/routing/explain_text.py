@@ -1,4 +1,4 @@
-"""`gateway route explain` for people: the report of gateway.explain as `key: value` lines, one fact a line,
+"""`gateway route explain` for people: the report of gateway.routing.explain as `key: value` lines, one fact a line,
 values in words and numbers (no JSON); `--json` prints the report itself."""
 
 from __future__ import annotations
