@@ -122,6 +122,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.both_loops  # the gateway serves on uvloop: its transport hands aiohttp's parser the bytes
 @pytest.mark.parametrize(("name", "data", "status", "code"), REFUSED, ids=[case[0] for case in REFUSED])
 async def test_a_request_the_parser_refuses_gets_openai_json_a_line_and_no_traceback(
         gateway: str, caplog: pytest.LogCaptureFixture, name: str, data: bytes, status: int, code: str) -> None:
