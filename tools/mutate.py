@@ -48,13 +48,21 @@ LINKED_TOP = ("models",)
 @dataclass(frozen=True)
 class Target:
     name: str
-    files: tuple[str, ...]  # source files to mutate
+    files: tuple[str, ...]  # source files to mutate; "a|b": a, or b where a has moved (the first that exists)
     tests: tuple[str, ...]  # pytest arguments: the fast subset that covers them
     only: tuple[str, ...] = ()  # mutant-name patterns (a part of a big file): empty = every function
     note: str = ""
 
-    def present(self) -> bool:
-        return all((ROOT / f).exists() for f in self.files)
+    def resolve(self, tree: Path) -> list[str] | None:
+        """The files in `tree` (each entry's first alternative that exists), or None when one is missing."""
+        found = [next((alt for alt in entry.split("|") if (tree / alt).exists()), None) for entry in self.files]
+        return None if None in found else [f for f in found if f is not None]
+
+    def present(self, tree: Path = ROOT) -> bool:
+        return self.resolve(tree) is not None
+
+    def touched(self, changed: set[str] | None) -> bool:
+        return changed is None or any(alt in changed for entry in self.files for alt in entry.split("|"))
 
 
 U, I = "tests/unit/", "tests/integration/"
@@ -72,15 +80,17 @@ TARGETS: tuple[Target, ...] = (
            note="Prices.cost_usd and its validator, Tier.price_at and _dated_in_order only"),
     Target("limits", ("gateway/limits/limiter.py", "gateway/limits/replicas.py"),
            (U + "test_limits.py", U + "test_stage_policy.py", U + "test_mutants_limits.py",
-            I + "test_limits_shared.py", I + "test_limits_burst.py")),
+            I + "test_limits_shared.py"),
+           note="test_limits_burst.py left out: its exact count of a 60-request burst fails now and then under "
+                "mutmut's tracing on a loaded machine, and mutmut needs every selected test green"),
     Target("accounting-records", ("gateway/accounting/records.py",),
            (U + "test_costs_reader.py", U + "test_account_settle.py", U + "test_costs_report.py",
             U + "test_mutants_records.py")),
     Target("account-stage", ("gateway/stages/account.py",),
            (U + "test_account_settle.py", U + "test_experiments_wiring.py", U + "test_mutants_account.py")),
-    Target("sessions", ("gateway/sessions.py", "gateway/stages/session.py"),
+    Target("sessions", ("gateway/routing/sessions.py|gateway/sessions.py", "gateway/stages/session.py"),
            (U + "test_sessions.py", I + "test_sessions.py")),
-    Target("resume", ("gateway/backends/resume.py", "gateway/stages/resume.py"),
+    Target("resume", ("gateway/upstream/continuation.py", "gateway/upstream/resume.py"),
            (U + "test_resume_pieces.py", I + "test_resume.py")),
     Target("output-caps", ("gateway/sse.py",),
            (U + "test_sse.py", U + "test_sse_fuzz.py", I + "test_output_cap.py")),
@@ -193,14 +203,14 @@ def toml_list(items: list[str]) -> str:
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
 
-def configure(dest: Path, target: Target) -> list[str]:
+def configure(dest: Path, target: Target, files: list[str]) -> list[str]:
     """Append [tool.mutmut] to the copy's pyproject.toml; returns the test arguments that exist."""
     tests = [t for t in target.tests if (dest / t.split("::")[0]).exists()]
     tops = sorted({p.name for p in dest.iterdir()} - {"gateway", "mutants", "pyproject.toml", *LINKED_TOP})
     section = f"""
 [tool.mutmut]
 source_paths = ["gateway"]
-only_mutate = {toml_list(list(target.files))}
+only_mutate = {toml_list(files)}
 also_copy = {toml_list(tops)}
 pytest_add_cli_args_test_selection = {toml_list(tests)}
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"]
@@ -216,11 +226,11 @@ timeout_multiplier = 10.0
     return tests
 
 
-def read_statuses(dest: Path, target: Target) -> dict[str, str]:
+def read_statuses(dest: Path, target: Target, files: list[str]) -> dict[str, str]:
     from mutmut.stats import status_by_exit_code  # the venv's mutmut: its own exit-code table
 
     statuses: dict[str, str] = {}
-    for source in target.files:
+    for source in files:
         meta = dest / "mutants" / (source + ".meta")
         if not meta.exists():
             continue
@@ -269,7 +279,11 @@ def run_target(target: Target, workdir: Path, jobs: int, timeout_s: float, equiv
     dest = workdir / target.name
     started = time.monotonic()
     copy_tree(dest, commit)
-    tests = configure(dest, target)
+    files = target.resolve(dest)
+    if files is None:
+        outcome.error = "its source is missing in this tree"
+        return outcome
+    tests = configure(dest, target, files)
     if not tests:
         outcome.error = "none of its tests exist"
         return outcome
@@ -296,7 +310,7 @@ def run_target(target: Target, workdir: Path, jobs: int, timeout_s: float, equiv
     if code not in (0, None):
         tail = log_path.read_bytes()[-3000:].decode(errors="replace").replace("\r", "\n")
         outcome.error = f"mutmut exited {code}:\n{tail}"
-    outcome.statuses = read_statuses(dest, target)
+    outcome.statuses = read_statuses(dest, target, files)
     names = set(outcome.statuses)
     outcome.equivalent = {n for n in names if n in equivalent and outcome.statuses[n] in SURVIVED}
     outcome.stale_equivalent = {n for n in names if n in equivalent and outcome.statuses[n] in KILLED}
@@ -349,17 +363,17 @@ def main() -> int:
     elif opts.targets:
         chosen = [by_name[n] for n in opts.targets]
     else:
-        chosen = [t for t in TARGETS if changed is None or any(f in changed for f in t.files)]
+        chosen = [t for t in TARGETS if t.touched(changed)]
     if opts.list:
         print(f"base: {base or '-'} ({why})")
         for t in TARGETS:
-            flag = "changed" if changed is None or any(f in changed for f in t.files) else "unchanged"
+            flag = "changed" if t.touched(changed) else "unchanged"
             state = flag if t.present() else "missing"
             print(f"{t.name:20} {state:9} {' '.join(t.files)}{'  (' + t.note + ')' if t.note else ''}\n"
                   f"{'':31}tests: {' '.join(t.tests)}")
         return 0
-    missing = [t.name for t in chosen if not t.present()]
-    chosen = [t for t in chosen if t.present()]
+    missing = [] if opts.commit else [t.name for t in chosen if not t.present()]  # a commit's tree: checked there
+    chosen = [t for t in chosen if t.name not in missing]
     if missing:
         print(f"skipped (its source does not exist yet): {', '.join(missing)}")
     if not opts.all and not opts.targets:
