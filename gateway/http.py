@@ -247,12 +247,15 @@ async def readyz(request: web.Request) -> web.Response:
     lifecycle = request.app.get(LIFECYCLE)
     draining = lifecycle is not None and lifecycle.draining
     ready = gateway.path is not None and not draining
-    redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
+    redis_status = gateway.redis.status() if gateway.redis is not None else None
+    redis = "off" if redis_status is None else redis_status.state  # up, partial (cluster: masters down), down
     status = "draining" if draining else "ready" if ready else "starting"
     routes = gateway.config.routes
     backends, by_tier = backends_health(gateway.pool, routes.tiers, routes.balancing.health_interval_s)
     body = {"status": status, "config_version": gateway.config.version, "tiers": list(gateway.config.tiers),
-            "redis": redis, "limits": "global" if redis == "up" else "local",
+            "redis": redis, "limits": {"up": "global", "partial": "partial"}.get(redis, "local"),
+            "redis_nodes_down": list(redis_status.nodes_down) if redis_status else [],  # host:port, or * (all)
+            "redis_slots_unavailable": redis_status.slots_unavailable if redis_status else 0,  # of 16384
             "replicas": gateway.replicas.count if gateway.replicas else 1,  # gateway processes sharing Redis
             "backends": backends, "backend_tiers": by_tier}  # gateway.backends.tier_health: the rule
     return web.Response(body=orjson.dumps(body), status=200 if ready else 503, content_type=JSON)

@@ -14,21 +14,37 @@ rather than opening more: under a burst, opening a connection per concurrent com
 Redis calls slow (100 concurrent calls on a cold pool: 217 ms unbounded, 60 ms over 16 connections,
 one process; across three busy gateways up to 0.9 s per limiter call). A pool starved for the
 socket timeout raises ConnectionError (Redis unavailable, to the guard).
+
+A cluster client (`SeededCluster`, issue 41) is given every seed of the URL, and tries them all, in turn,
+whenever it reads the slot map: at the first command, and again after a node fails (redis-py then keeps
+the nodes the cluster announced; the configured seeds are added back, so a client whose known nodes all
+moved still finds the cluster through a seed, e.g. a managed service's configuration endpoint). When a
+node answers CLUSTERDOWN (or a slot is not covered, or MOVED keeps coming), redis-py closes *every*
+connection of the client to force a fresh slot map: the calls in flight on the healthy masters then fail
+("handler is closed"), and a node's failure becomes everyone's. `SeededCluster` turns that close, when it
+comes from inside a command, into what it is for: read the slot map again before the next command; an
+`aclose()` from outside (shutdown) still closes everything.
+
+Sentinel: every sentinel of the URL is asked for the master (in turn, the first to answer wins), on
+every new connection; a connection to a master that was demoted is dropped on READONLY and the next
+one asks the sentinels again (redis-py's SentinelManagedConnection).
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 RedisClient = Redis | RedisCluster
+_IN_COMMAND: ContextVar[bool] = ContextVar("redis_cluster_in_command", default=False)
 POOL_SIZE = 32  # connections per gateway process to a single server
 Kind = Literal["single", "sentinel", "cluster"]
 SCHEMES: dict[str, tuple[Kind, bool]] = {
@@ -94,6 +110,48 @@ def parse_url(url: str) -> RedisTarget:
                        unquote(password) if colon else None, tls, sentinel_password)
 
 
+class SeededCluster(RedisCluster):
+    """RedisCluster that tries every configured seed and never closes itself under its callers' feet."""
+
+    def __init__(self, seeds: tuple[tuple[str, int], ...], **options: Any) -> None:
+        self.seeds = seeds
+        super().__init__(startup_nodes=[ClusterNode(host, port) for host, port in seeds], **options)
+
+    async def initialize(self, additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+                         last_failed_node_name: str | None = None) -> RedisCluster:
+        known = set(self.nodes_manager.startup_nodes)
+        extra = [*(additional_startup_nodes_info or []),
+                 *(seed for seed in self.seeds if f"{seed[0]}:{seed[1]}" not in known)]
+        return await super().initialize(additional_startup_nodes_info=extra or None,
+                                        last_failed_node_name=last_failed_node_name)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        token = _IN_COMMAND.set(True)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        finally:
+            _IN_COMMAND.reset(token)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        return _Pipeline(self, transaction=transaction)  # type: ignore[abstract]  # redis-py's stubs
+
+    async def aclose(self) -> None:
+        if _IN_COMMAND.get():  # redis-py's way to force a new slot map: read it before the next command
+            self._initialize = True
+            return
+        await super().aclose()
+
+
+class _Pipeline(ClusterPipeline):
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        token = _IN_COMMAND.set(True)
+        try:
+            result: list[Any] = await super().execute(raise_on_error, allow_redirections)
+            return result
+        finally:
+            _IN_COMMAND.reset(token)
+
+
 def connect(
     url: str, *, connect_timeout_s: float = 0.5, socket_timeout_s: float = 2.0, health_check_interval_s: int = 30,
 ) -> RedisClient:
@@ -107,9 +165,9 @@ def connect(
         pool = BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=socket_timeout_s, **options)
         return Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
     if target.kind == "cluster":
-        host, port = target.hosts[0]
-        return RedisCluster(host=host, port=port, ssl=target.tls, username=target.username,
-                            password=target.password, **options)
+        # require_full_coverage=False: a slot map with a master's slots missing still serves the others
+        return SeededCluster(target.hosts, ssl=target.tls, username=target.username, password=target.password,
+                             require_full_coverage=False, **options)
     sentinel_options = {"socket_connect_timeout": connect_timeout_s, "socket_timeout": socket_timeout_s,
                         "password": target.sentinel_password, "ssl": target.tls}
     sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]

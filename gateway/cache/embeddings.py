@@ -70,10 +70,10 @@ class EmbeddingStore:
         client = self.guard.client
         if isinstance(client, RedisCluster):
             cluster = client
-            values = await self.guard.run("embedding_get", lambda: cluster.mget_nonatomic(names))
+            values = await self.guard.run("embedding_get", lambda: cluster.mget_nonatomic(names), key=names)
         else:
             single = client
-            values = await self.guard.run("embedding_get", lambda: single.mget(names))
+            values = await self.guard.run("embedding_get", lambda: single.mget(names), key=names)
         if values is None:
             return [None] * len(keys)
         return [decode(raw, self.dim, self.dtype) for raw in values]
@@ -81,7 +81,8 @@ class EmbeddingStore:
     async def put_many(self, items: Sequence[tuple[str, npt.NDArray[Any]]]) -> None:
         """Store each (key, vector) with the TTL, in one round trip."""
         if items:
-            await self.guard.run("embedding_put", lambda: self._set_all(items))
+            await self.guard.run("embedding_put", lambda: self._set_all(items),
+                                 key=[store_key(key) for key, _ in items])
 
     async def _set_all(self, items: Sequence[tuple[str, npt.NDArray[Any]]]) -> list[Any]:
         async with self.guard.client.pipeline(transaction=False) as pipe:

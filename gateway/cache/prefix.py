@@ -71,7 +71,7 @@ class PrefixStore:
             self._lookups.labels(tier, "miss").inc()
             return None
         client = self.guard.client
-        values: list[Any] | None = await self.guard.run("prefix_lookup", lambda: client.mget(keys))
+        values: list[Any] | None = await self.guard.run("prefix_lookup", lambda: client.mget(keys), key=keys)
         if values:
             for index in range(len(values) - 1, -1, -1):
                 replica = values[index]
@@ -87,7 +87,7 @@ class PrefixStore:
         """Remember that `replica` now holds `prefix_text` for `scope` (every block, refreshed to the TTL)."""
         keys = prefix_keys(scope, tier, prefix_text, self.block_chars)
         if keys:
-            await self.guard.run("prefix_record", lambda: self._set_all(keys, replica))
+            await self.guard.run("prefix_record", lambda: self._set_all(keys, replica), key=keys)
 
     async def _set_all(self, keys: list[str], value: str) -> list[Any]:
         async with self.guard.client.pipeline(transaction=False) as pipe:

@@ -14,10 +14,10 @@ class ResponseCache:
         self._writes = writes
 
     async def get(self, key: str) -> CachedAnswer | None:
-        raw = await self._guard.run("cache_get", lambda: self._client.get(key))
+        raw = await self._guard.run("cache_get", lambda: self._client.get(key), key=key)
         return CachedAnswer.from_bytes(raw) if isinstance(raw, bytes) else None
 
     def put_later(self, key: str, answer: CachedAnswer, ttl_s: int) -> None:
         """Store in the background: the client already has its answer and must not wait for Redis."""
         data = answer.to_bytes()
-        self._writes.spawn(self._guard.run("cache_put", lambda: self._client.set(key, data, ex=ttl_s)))
+        self._writes.spawn(self._guard.run("cache_put", lambda: self._client.set(key, data, ex=ttl_s), key=key))

@@ -113,7 +113,7 @@ class SemanticIndex:
                 result: list[Any] = await pipe.execute()
                 return result
 
-        await self.guard.run("semantic_add", call, self.op_timeout_s)
+        await self.guard.run("semantic_add", call, self.op_timeout_s, key=name)
 
     async def nearest(self, namespace: str, vector: npt.NDArray[Any]) -> tuple[str, float] | None:
         """(key, cosine) of the closest element in the namespace, or None (empty, unavailable, down)."""
@@ -124,7 +124,7 @@ class SemanticIndex:
         reply = await self.guard.run(
             "semantic_nearest",
             lambda: client.execute_command("VSIM", index_key(namespace), "FP32", blob, "WITHSCORES", "COUNT", 1),
-            self.op_timeout_s,
+            self.op_timeout_s, key=index_key(namespace),
         )
         return top_hit(reply)
 
@@ -132,4 +132,5 @@ class SemanticIndex:
         """Drop a stale element (its response expired)."""
         if await self._ready():
             client = self.guard.client
-            await self.guard.run("semantic_remove", lambda: client.execute_command("VREM", index_key(namespace), key))
+            await self.guard.run("semantic_remove", lambda: client.execute_command("VREM", index_key(namespace), key),
+                                 key=index_key(namespace))

@@ -182,7 +182,7 @@ async def data(request: web.Request) -> web.Response:
         err = AuthenticationFailed("the dashboard needs the admin key or a dashboard viewer key")
         return web.Response(body=error_body(err), status=err.status, content_type="application/json")
     gates = gateway.path.admission.gates if gateway.path is not None else {}
-    redis = "off" if gateway.redis is None else "up" if gateway.redis.up else "down"
+    redis = "off" if gateway.redis is None else gateway.redis.status().state  # up, partial (cluster), down
     body = snapshot(gateway.metrics.live, gateway.config, gates, redis)
     body["replicas"] = replica_rows(gateway.pool, gateway.config)
     return web.Response(body=orjson.dumps(body), content_type="application/json",

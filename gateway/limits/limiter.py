@@ -17,6 +17,7 @@ Local decisions are counted (`gateway_limits_local_decisions_total{reason}`) and
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -68,6 +69,7 @@ class Limiter:
         self._windows = LocalWindows()
         self._budgets = LocalBudgets()
         self._warned: dict[str, float] = {}
+        self.local_decisions: Counter[str] = Counter()  # per tenant name: decided without Redis (bounded: the policy's tenants)
         metrics.replicas.set_function(lambda: replicas.count)
 
     async def admit(self, tenant: TenantPolicy, token_cost: int) -> None:
@@ -79,7 +81,7 @@ class Limiter:
         position, day = WindowPosition.at(now), day_key(now)
         reply = await self._admit_redis(tenant, token_cost, position, day) if self._script else None
         if reply is None:
-            self._admit_local(tenant, token_cost, position, day, self._local_reason())
+            self._admit_local(tenant, token_cost, position, day, self._local_reason(spend_key(tenant, day)))
             return
         allowed, denied_by, current, previous = reply
         reason = _text(denied_by)
@@ -102,12 +104,13 @@ class Limiter:
         if tokens:
             position = WindowPosition.at(now)
             self._windows.adjust(local_key(tenant, "tok"), token_delta, position)
-            self._redis_later(lambda c: c.incrby(rate_key(tenant, "tok", position.index), token_delta))
+            tok_key = rate_key(tenant, "tok", position.index)
+            self._redis_later(lambda c: c.incrby(tok_key, token_delta), tok_key)
         if spend:
             day = day_key(now)
             self._budgets.add(tenant.name, day, cost_usd)
             budget_key = spend_key(tenant, day)
-            self._redis_later(lambda c: _add_spend(c, budget_key, cost_usd))
+            self._redis_later(lambda c: _add_spend(c, budget_key, cost_usd), budget_key)
 
     async def _admit_redis(self, tenant: TenantPolicy, token_cost: int, position: WindowPosition,
                            day: str) -> list[Any] | None:
@@ -120,7 +123,7 @@ class Limiter:
                 token_cost, position.previous_weight, 2 * WINDOW_S, _or_none(tenant.daily_budget_usd)]
         script = self._script
         reply: list[Any] | None = await self._guard.run("limits_admit", lambda: script(keys=keys, args=args),
-                                                        self.timeout_s)
+                                                        self.timeout_s, key=keys[0])  # one slot: {tenant}
         return reply
 
     def _admit_local(self, tenant: TenantPolicy, token_cost: int, position: WindowPosition, day: str,
@@ -128,6 +131,7 @@ class Limiter:
         """Decide on this replica's share of each limit (the limit divided by the replicas)."""
         replicas = self._replicas.count
         self._metrics.limits_local.labels(reason).inc()
+        self.local_decisions[tenant.name] += 1
         self._warn(reason, replicas)
         budget = tenant.daily_budget_usd
         if budget is not None and self._budgets.spent(tenant.name, day) >= budget / replicas:
@@ -142,10 +146,10 @@ class Limiter:
             if wait is not None:
                 _deny(tenant, "tokens", wait)
 
-    def _local_reason(self) -> str:
+    def _local_reason(self, key: str) -> str:
         if self._guard is None:
             return "no_redis"
-        return "redis_down" if not self._guard.up else "redis_no_answer"
+        return "redis_down" if not self._guard.up_for(key) else "redis_no_answer"
 
     def _warn(self, reason: str, replicas: int) -> None:
         now = time.monotonic()
@@ -153,10 +157,10 @@ class Limiter:
             self._warned[reason] = now
             log.warning("limits_local", reason=reason, replicas=replicas)
 
-    def _redis_later(self, write: Any) -> None:
+    def _redis_later(self, write: Any, key: str) -> None:
         if self._guard is not None:
             guard = self._guard
-            self._writes.spawn(guard.run("limits_book", lambda: write(guard.client)))
+            self._writes.spawn(guard.run("limits_book", lambda: write(guard.client), key=key))
 
 
 async def _add_spend(client: Any, key: str, usd: float) -> None:

@@ -48,7 +48,8 @@ class Replicas:
         if self._guard is None or self._script is None:
             return
         script, args = self._script, [self.id, str(self.every_s * FORGET_AFTER)]
-        live: Any = await self._guard.run("replicas_beat", lambda: script(keys=[KEY], args=args), self.every_s)
+        live: Any = await self._guard.run("replicas_beat", lambda: script(keys=[KEY], args=args), self.every_s,
+                                         key=KEY)
         if live is not None:
             self.seen = max(1, int(live))
 
@@ -56,7 +57,7 @@ class Replicas:
         """Take this replica out of the count at once (shutdown) rather than after FORGET_AFTER beats."""
         if self._guard is not None:
             client = self._guard.client
-            await self._guard.run("replicas_leave", lambda: client.zrem(KEY, self.id))
+            await self._guard.run("replicas_leave", lambda: client.zrem(KEY, self.id), key=KEY)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Beat every `every_s` until `stop` is set, then leave."""

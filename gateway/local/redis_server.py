@@ -78,12 +78,13 @@ class EmbeddedRedis:
 
     def __init__(
         self, binary: str | Path | None = None, *, port: int | None = None, maxmemory: str | None = None,
-        start_timeout_s: float = 5.0, die_with_parent: bool = True,
+        start_timeout_s: float = 5.0, die_with_parent: bool = True, extra_args: tuple[str, ...] = (),
     ) -> None:
         self.binary = find_redis_server(binary)
         self.port = port or 0
         self._auto_port = port is None
         self.maxmemory = maxmemory  # e.g. "256mb": then keys are evicted allkeys-lru
+        self.extra_args = extra_args  # more `--option value` pairs (a cluster node's, gateway.local.redis_cluster)
         self.start_timeout_s = start_timeout_s
         self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
         self.data_dir: Path | None = None
@@ -122,6 +123,7 @@ class EmbeddedRedis:
                    "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
         if self.maxmemory:
             command += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        command += list(self.extra_args)
         with open(self.data_dir / "redis.log", "ab") as log:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

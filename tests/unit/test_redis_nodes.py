@@ -1,0 +1,158 @@
+"""The guard's per-node view (issue 41): one master's failure is that master's; cluster errors classified."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.cache.connection import SeededCluster, connect
+from gateway.cache.guard import RedisGuard
+from gateway.cache.nodes import SLOTS, WHOLE, Keys, classify
+
+
+class FakeTopology:
+    """Keys 'a*' live on master A (slots 0-8191), the rest on B; B fails over to C when `failed_over`."""
+
+    cluster = object()  # a cluster: nodes by key
+
+    def __init__(self) -> None:
+        self.failed_over = False
+
+    def _b(self) -> str:
+        return "C:3" if self.failed_over else "B:2"
+
+    def nodes_of(self, keys: Keys) -> set[str]:
+        if keys is None:
+            return {WHOLE}
+        items = [keys] if isinstance(keys, (str, bytes)) else keys
+        return {"A:1" if str(k).startswith("a") else self._b() for k in items}
+
+    def blame(self, err: BaseException, targets: set[str]) -> set[str]:
+        node = getattr(err, "node", None)
+        return {node} if node else set(targets)
+
+    def slots_by_master(self) -> dict[str, int]:
+        return {"A:1": SLOTS // 2, self._b(): SLOTS // 2}
+
+
+def failing(err: BaseException, node: str | None = None) -> object:
+    async def call() -> None:
+        if node:
+            err.node = node  # type: ignore[attr-defined]
+        raise err
+    return call
+
+
+async def ok() -> str:
+    return "ok"
+
+
+@pytest.fixture
+def guard() -> tuple[RedisGuard, FakeTopology, CollectorRegistry]:
+    registry = CollectorRegistry()
+    topology = FakeTopology()
+    guard = RedisGuard(Redis(port=1), op_timeout_s=0.05, down_backoff_s=0.05, registry=registry)
+    guard.topology = topology  # type: ignore[assignment]
+    return guard, topology, registry
+
+
+async def test_a_dead_master_skips_only_its_own_keys(guard: tuple[RedisGuard, FakeTopology, CollectorRegistry]) -> None:
+    g, _, registry = guard
+    assert await g.run("get", failing(RedisConnectionError("refused"), "B:2"), key="b1") is None  # type: ignore[arg-type]
+    calls = 0
+
+    async def counted() -> str:
+        nonlocal calls
+        calls += 1
+        return "ok"
+
+    assert [await g.run("get", counted, key="a1") for _ in range(5)] == ["ok"] * 5  # A's keys go on
+    assert [await g.run("get", counted, key="b2") for _ in range(5)] == [None] * 5 and calls == 5  # B's skipped
+    assert g.up_for("a1") and not g.up_for("b1") and not g.up
+    status = g.status()
+    assert (status.state, status.nodes_down, status.slots_unavailable) == ("partial", ("B:2",), SLOTS // 2)
+    assert registry.get_sample_value("gateway_redis_node_up", {"node": "B:2"}) == 0
+    assert registry.get_sample_value("gateway_redis_slots_unavailable") == SLOTS // 2
+    assert registry.get_sample_value("gateway_redis_up") == 0
+
+
+async def test_a_probe_that_meets_clusterdown_keeps_the_node_down(
+    guard: tuple[RedisGuard, FakeTopology, CollectorRegistry],
+) -> None:
+    """Before: CLUSTERDOWN fell to the catch-all, whose probe marked Redis up again (flapping each second)."""
+    g, _, registry = guard
+    down = failing(ClusterDownError("CLUSTERDOWN The cluster is down"), "B:2")
+    for _ in range(4):
+        assert await g.run("get", down, key="b1") is None  # type: ignore[arg-type]
+        assert not g.up_for("b1")
+        await asyncio.sleep(0.06)  # the backoff: the next call is the probe
+    assert registry.get_sample_value("gateway_redis_error_kinds_total", {"kind": "cluster_down"}) == 4
+    assert await g.run("get", ok, key="b1") == "ok" and g.up
+
+
+async def test_a_failed_over_master_is_forgotten_and_its_keys_served_by_the_new_one(
+    guard: tuple[RedisGuard, FakeTopology, CollectorRegistry],
+) -> None:
+    g, topology, _ = guard
+    assert await g.run("get", failing(RedisConnectionError("refused"), "B:2"), key="b1") is None  # type: ignore[arg-type]
+    topology.failed_over = True  # the replica C took B's slots (the client's slot map says so)
+    assert g.up_for("b1") and await g.run("get", ok, key="b1") == "ok"
+    status = g.status()
+    assert (status.state, status.nodes_down, status.slots_unavailable) == ("up", (), 0) and g.up
+
+
+async def test_moved_and_a_closed_handler_leave_the_node_up(
+    guard: tuple[RedisGuard, FakeTopology, CollectorRegistry],
+) -> None:
+    g, _, _ = guard
+    for err in (MovedError("3999 127.0.0.1:6381"), ClusterError("TTL exhausted."),
+                RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")):
+        assert await g.run("get", failing(err, "B:2"), key="b1") is None  # type: ignore[arg-type]
+        assert g.up
+
+
+async def test_the_whole_cluster_unreachable_skips_every_key(
+    guard: tuple[RedisGuard, FakeTopology, CollectorRegistry],
+) -> None:
+    g, _, _ = guard
+    assert await g.run("get", failing(RedisClusterException("Redis Cluster cannot be connected")), key=None) is None  # type: ignore[arg-type]
+    g.topology = type("T", (FakeTopology,), {"blame": lambda self, err, targets: {WHOLE}})()  # type: ignore[assignment]
+    assert await g.run("get", failing(RedisClusterException("cannot be connected")), key="a1") is None  # type: ignore[arg-type]
+    assert await g.run("get", ok, key="a1") is None and await g.run("get", ok, key="b1") is None
+    assert g.status().state == "down" and g.status().slots_unavailable == SLOTS
+
+
+@pytest.mark.parametrize(("err", "kind"), [
+    (RedisConnectionError("refused"), "unavailable"), (OSError("reset"), "unavailable"),
+    (RedisClusterException("cannot be connected"), "unavailable"),
+    (ClusterDownError("CLUSTERDOWN"), "cluster_down"), (SlotNotCoveredError("slot"), "cluster_down"),
+    (TryAgainError("TRYAGAIN"), "failover"), (BusyLoadingError("LOADING"), "failover"),
+    (ReadOnlyError("READONLY"), "failover"), (MovedError("1 h:1"), "moved"), (AskError("1 h:1"), "moved"),
+    (ClusterError("TTL exhausted."), "moved"), (RuntimeError("the handler is closed"), "closed"),
+    (ResponseError("WRONGTYPE"), "other"),
+])
+def test_errors_are_classified(err: BaseException, kind: str) -> None:
+    assert classify(err) == kind
+
+
+async def test_a_cluster_url_gives_the_client_every_seed() -> None:
+    client = connect("redis+cluster://127.0.0.1:1,127.0.0.1:2,[::1]:3")
+    assert isinstance(client, SeededCluster)
+    assert set(client.nodes_manager.startup_nodes) == {"127.0.0.1:1", "127.0.0.1:2", "::1:3"}
+    await client.aclose()
