@@ -45,6 +45,7 @@ PASS_THROUGH = {
     "calibrate": "set routing bands so given shares of a prompt sample reach each tier",
     "bench": "load a server with ShareGPT or synthetic requests; TTFT/TPOT/ITL/E2E, goodput, plots",
     "experiments": "routing experiments: per-arm report with bootstrap intervals; promote an arm (policy diff)",
+    "whatif": "a routes or policy change priced and timed on recorded traffic (--calibrate: against its own)",
 }
 
 
@@ -73,6 +74,10 @@ def _pass_through(command: str, rest: Sequence[str]) -> int:
         from gateway.experiments.cli import run_experiments
 
         return run_experiments(rest)
+    if command == "whatif":
+        from gateway.whatif.cli import run_whatif
+
+        return run_whatif(rest)
     from gateway.training.calibrate import run_calibrate
 
     return run_calibrate(rest)

@@ -1,0 +1,166 @@
+"""The window's arrivals replayed in order against a simulated fleet: emulator engines on a model clock.
+
+Each tier of a scenario's routes gets one `gateway.emulator.engine.Engine` per replica, with the physics
+fitted from the log (`physics`); the engines run on their model clock (`step` and `emit`, never sleeping).
+In front of each tier, the gateway's admission: the adaptive limit (`gateway.admission.gradient.GradientLimit`,
+fed each request's TTFT from its admission), at most the tier's batch slots (`slots_per_replica` x replicas),
+a FIFO queue of at most `max_queue` whose requests wait at most `max_wait_ms` (503 queue_full, queue_timeout).
+A request admitted goes to the replica with the fewest requests in it. Its output length is the logged one
+(cut to the scenario's max_tokens); prompt tokens the backend had cached are not prefilled again.
+TTFT = queue wait + the engine's first token + the tier's fitted overhead.
+
+Not modelled, said in the report: prefix affinity and the predicted-TTFT ranking (fewest requests stands for
+them), brownout and the priority classes (one FIFO), the TTFT SLO's shorter deadlines, replica failures.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gateway.admission.gradient import GradientLimit
+from gateway.config import RoutesConfig
+from gateway.config.routes import Admission
+from gateway.emulator.engine import Engine
+from gateway.emulator.sequence import Sequence, SeqState
+from gateway.whatif.physics import Fitted
+
+
+@dataclass(slots=True)
+class Arrival:
+    """One request of the window as a scenario decided it."""
+
+    at: float  # seconds (Unix time)
+    tenant: str
+    tier: str
+    prompt: int  # tokens to prefill (the logged prompt less what the backend had cached)
+    output: int  # output tokens (all outputs)
+    ttft_ms: float | None = None  # the simulated result
+    shed: str | None = None
+    admitted_at: float = 0.0
+    deadline: float = 0.0
+
+
+@dataclass(slots=True)
+class _Replica:
+    engine: Engine
+    active: list[tuple[Sequence, Arrival]] = field(default_factory=list)
+    busy: bool = False
+
+
+@dataclass(slots=True)
+class _Tier:
+    settings: Admission
+    replicas: list[_Replica]
+    overhead_s: float
+    capacity: int | None
+    limit: GradientLimit
+    in_flight: int = 0
+    queue: deque[Arrival] = field(default_factory=deque)
+
+    @property
+    def slots(self) -> int:
+        slots = self.limit.slots
+        return self.capacity if self.capacity is not None and self.capacity < slots else slots
+
+
+class Fleet:
+    """A scenario's tiers and replicas (see the module docstring)."""
+
+    def __init__(self, routes: RoutesConfig, physics: Mapping[str, Fitted]) -> None:
+        self._tiers: dict[str, _Tier] = {}
+        self._events: list[tuple[float, int, int, str]] = []  # (time, order, replica index, tier)
+        self._order = 0
+        self._next_seq = 0
+        for tier in routes.tiers:
+            fitted = physics.get(tier.name)
+            if fitted is None or not tier.replicas:
+                continue
+            engines = [_Replica(Engine(fitted.profile, seed=i)) for i, _ in enumerate(tier.replicas)]
+            capacity = None if tier.slots_per_replica is None else tier.slots_per_replica * len(tier.replicas)
+            admission = routes.admission
+            self._tiers[tier.name] = _Tier(admission, engines, fitted.overhead_s, capacity,
+                                           GradientLimit(admission.initial_limit))
+        self.admission_on = routes.admission.enabled
+
+    def run(self, arrivals: Iterable[Arrival]) -> None:
+        """Replay `arrivals` (in time order) to the end of the last answer; each gets its TTFT or its shed."""
+        for request in arrivals:
+            self._advance(request.at)
+            tier = self._tiers.get(request.tier)
+            if tier is None:
+                request.shed = "no_replica_available"
+                continue
+            self._arrive(tier, request)
+        self._advance(float("inf"))
+
+    def _arrive(self, tier: _Tier, request: Arrival) -> None:
+        if not self.admission_on or (not tier.queue and tier.in_flight < tier.slots):
+            self._start(tier, request, request.at)
+        elif len(tier.queue) >= tier.settings.max_queue:
+            request.shed = "queue_full"
+        else:
+            request.deadline = request.at + tier.settings.max_wait_ms / 1000
+            tier.queue.append(request)
+
+    def _start(self, tier: _Tier, request: Arrival, now: float) -> None:
+        tier.in_flight += 1
+        request.admitted_at = now
+        index, replica = min(enumerate(tier.replicas), key=lambda r: len(r[1].active))
+        engine = replica.engine
+        if not replica.busy:
+            engine.clock = max(engine.clock, now)
+        seq = Sequence(self._next_seq, max(1, request.prompt), [], [0] * max(1, request.output),
+                       max(1, request.output))
+        self._next_seq += 1
+        engine.enqueue(seq)
+        replica.active.append((seq, request))
+        if not replica.busy:
+            self._step(request.tier, index, replica)
+
+    def _step(self, name: str, index: int, replica: _Replica) -> None:
+        engine = replica.engine
+        duration = engine.step()
+        replica.busy = True
+        self._order += 1
+        heapq.heappush(self._events, (engine.clock + duration, self._order, index, name))
+
+    def _advance(self, until: float) -> None:
+        events = self._events
+        while events and events[0][0] <= until:
+            at, _, index, name = heapq.heappop(events)
+            tier = self._tiers[name]
+            replica = tier.replicas[index]
+            engine = replica.engine
+            engine.clock = at
+            engine.emit()
+            still: list[tuple[Sequence, Arrival]] = []
+            freed = 0
+            for seq, request in replica.active:
+                if request.ttft_ms is None and seq.first_token_at is not None:
+                    request.ttft_ms = (at - request.at + tier.overhead_s) * 1000
+                    tier.limit.on_sample(at - request.admitted_at + tier.overhead_s, tier.in_flight, tier.settings)
+                if seq.state is SeqState.FINISHED:
+                    freed += 1
+                else:
+                    still.append((seq, request))
+            replica.active = still
+            tier.in_flight -= freed
+            self._admit_waiters(tier, at)
+            if engine.num_running or engine.num_waiting:
+                self._step(name, index, replica)
+            else:
+                replica.busy = False
+
+    def _admit_waiters(self, tier: _Tier, now: float) -> None:
+        queue = tier.queue
+        while queue and tier.in_flight < tier.slots:
+            request = queue.popleft()
+            if request.deadline < now:
+                request.shed = "queue_timeout"
+                continue
+            self._start(tier, request, now)
+        while queue and queue[0].deadline < now:  # the waits that ran out before a slot freed
+            queue.popleft().shed = "queue_timeout"

@@ -1,0 +1,76 @@
+"""What a request log line carries so that `gateway whatif` can replay it: numbers and digests, no prompt text.
+
+`replay_fields(ctx)` is merged into the line by the account stage. With the fields the line already has
+(ts, tenant, model_requested, difficulty, tier, stream, prompt_tokens, completion_tokens, cached_tokens,
+max_tokens, max_tokens_clamped_from, cache, ttft_ms, tpot_ms, session, session_route, experiment, arm,
+status, error), a replay re-decides the request under other routes and policies:
+
+    replay             the version of these fields (REPLAY_VERSION); a line without it is replayed for price only
+    arrival_s          the Unix time the request arrived (ts to the microsecond, as a number)
+    quality_predicted  the quality predictor's score per measured model ({model: score}), when it ran
+    conversation       the conversation's id (`gateway.routing.sessions.session_id`: a hash, tenant-scoped), whatever the
+                       tenant's sessions rule, so a policy that turns sessions on can be replayed
+    sticky             the experiment assignment keys (`gateway.experiments.assign.sticky_key`: 64-bit hashes) by
+                       conversation and by `user`: a replay re-assigns arms under the candidate's experiments
+    reading            the request's reading summed up: input_tokens (estimate) and input_chars (the prompt caps),
+                       outputs (prompts x n), generated (prompts x max(n, best_of)), cacheable ("never",
+                       "deterministic": cached in either mode, "always": only in mode always) and digest (of the
+                       reading: what the exact cache keys on, 16 hex, null when never cacheable)
+    decode_tps         the replica's measured decode rate for this request: output tokens after the first per
+                       second of decoding (null without two output tokens); its measured TTFT is `ttft_ms`
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.cache.keys import uncached_reasons
+from gateway.config.policies import CacheRule
+from gateway.context import RequestContext
+from gateway.experiments.assign import sticky_key
+from gateway.routing.sessions import session_id
+
+REPLAY_VERSION = 1
+_ALWAYS = CacheRule(mode="always")
+_DETERMINISTIC = CacheRule()
+
+
+def replay_fields(ctx: RequestContext) -> dict[str, Any]:
+    """The replay fields of a finished request's log line (see the module docstring)."""
+    reading = ctx.reading
+    quality = ctx.quality
+    chat = ctx.endpoint != "embeddings" and bool(ctx.body)
+    tenant = ctx.tenant_name
+    return {
+        "replay": REPLAY_VERSION,
+        "arrival_s": round(ctx.ts, 6),
+        "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
+        "conversation": ctx.session or (session_id(tenant, ctx.session_header, ctx.body) if chat else None),
+        "sticky": {"conversation": sticky_key(ctx.body, tenant), "user": _user_key(ctx.body, tenant)}
+        if chat else None,
+        "reading": None if reading is None else _reading(reading),
+        "decode_tps": _decode_tps(ctx),
+    }
+
+
+def _reading(reading: Any) -> dict[str, Any]:
+    if uncached_reasons(reading, _ALWAYS):
+        cacheable, digest = "never", None
+    else:
+        cacheable = "always" if uncached_reasons(reading, _DETERMINISTIC) else "deterministic"
+        digest = reading.key()[:16]
+    return {"input_tokens": reading.input_tokens, "input_chars": reading.input_chars, "outputs": reading.outputs,
+            "generated": reading.generated, "cacheable": cacheable, "digest": digest}
+
+
+def _user_key(body: dict[str, Any], tenant: str) -> int | None:
+    user = body.get("user")
+    return sticky_key(body, tenant, by_user=True) if type(user) is str and user else None
+
+
+def _decode_tps(ctx: RequestContext) -> float | None:
+    completion, first, done = ctx.completion_tokens or 0, ctx.first_token_at, ctx.finished_at
+    outputs = ctx.reading.outputs if ctx.reading is not None else 1
+    if not ctx.stream or first is None or done is None or completion <= outputs or done <= first:
+        return None  # a non-streamed answer arrives whole: its first byte is not its first token
+    return round((completion - outputs) / (done - first), 3)

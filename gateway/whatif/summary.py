@@ -1,0 +1,91 @@
+"""Per scenario (recorded, baseline, candidate): requests, tier shares, costs, refusals, by tenant, tier, day and
+hour, with bounded memory (sums and counters; TTFTs in quantile sketches, filled by the fleet simulation)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.accounting.quantiles import QuantileSketch
+
+NONE = "(none)"  # the tier of a request refused before routing
+
+
+@dataclass(slots=True)
+class Cell:
+    requests: int = 0
+    cost: float = 0.0
+    refused: int = 0
+
+
+@dataclass(slots=True)
+class Tally:
+    """One scenario's figures (see the module docstring)."""
+
+    requests: int = 0
+    cost: float = 0.0
+    tiers: dict[str, Cell] = field(default_factory=lambda: defaultdict(Cell))
+    tenants: dict[str, Cell] = field(default_factory=lambda: defaultdict(Cell))
+    tenant_tiers: dict[tuple[str, str], Cell] = field(default_factory=lambda: defaultdict(Cell))
+    refused: Counter[str] = field(default_factory=Counter)
+    tenant_refused: Counter[tuple[str, str]] = field(default_factory=Counter)
+    cache_hits: int = 0
+    by_day: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # cost per UTC day
+    by_hour: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))  # (hour, tier) -> requests
+    spend_hour: dict[tuple[str, int], float] = field(default_factory=lambda: defaultdict(float))  # (tenant, hour)
+    ttft: dict[str, QuantileSketch] = field(default_factory=lambda: defaultdict(QuantileSketch))  # per tier, window
+    tenant_ttft: dict[str, QuantileSketch] = field(default_factory=lambda: defaultdict(QuantileSketch))
+    shed: Counter[str] = field(default_factory=Counter)  # refusals of the simulated window (admission)
+    window_requests: int = 0
+    overall_ttft: QuantileSketch = field(default_factory=QuantileSketch)
+    exhausted: dict[tuple[str, str], float] = field(default_factory=dict)  # (tenant, day) -> budget used up at
+
+    def add(self, tenant: str, tier: str | None, refused: str | None, cost: float, hour: int, day: str,
+            hit: bool) -> None:
+        name = tier if tier is not None and refused is None else NONE
+        self.requests += 1
+        self.cost += cost
+        for cell in (self.tiers[name], self.tenants[tenant], self.tenant_tiers[(tenant, name)]):
+            cell.requests += 1
+            cell.cost += cost
+            cell.refused += refused is not None
+        if refused is not None:
+            self.refused[refused] += 1
+            self.tenant_refused[(tenant, refused)] += 1
+        self.cache_hits += hit
+        self.by_day[day] += cost
+        self.by_hour[(hour, name)] += 1
+        if cost:
+            self.spend_hour[(tenant, hour)] += cost
+
+    def figures(self) -> dict[str, Any]:
+        """The JSON object `--json` writes for this scenario."""
+        return {
+            "requests": self.requests,
+            "cost_usd": round(self.cost, 9),
+            "tiers": {name: self._tier(name, cell) for name, cell in sorted(self.tiers.items())},
+            "refused": dict(sorted((self.refused + self.shed).items())),
+            "refused_in_window": dict(sorted(self.shed.items())),
+            "cache_hits": self.cache_hits,
+            **_quantiles(self.overall_ttft),
+            "window_requests": self.window_requests,
+            "budgets_exhausted": {f"{tenant} {day}": at for (tenant, day), at in sorted(self.exhausted.items())},
+            "tenants": {name: {"requests": c.requests, "cost_usd": round(c.cost, 9), "refused": c.refused,
+                               "tiers": {t: {"requests": tc.requests, "cost_usd": round(tc.cost, 9)}
+                                         for (n, t), tc in sorted(self.tenant_tiers.items()) if n == name},
+                               **_quantiles(self.tenant_ttft.get(name))}
+                        for name, c in sorted(self.tenants.items())},
+            "cost_by_day": {day: round(v, 9) for day, v in sorted(self.by_day.items())},
+        }
+
+    def _tier(self, name: str, cell: Cell) -> dict[str, Any]:
+        return {"share": cell.requests / self.requests if self.requests else 0.0, "requests": cell.requests,
+                "cost_usd": round(cell.cost, 9), **_quantiles(self.ttft.get(name))}
+
+
+def _quantiles(sketch: QuantileSketch | None) -> dict[str, float | None]:
+    if sketch is None or not len(sketch):
+        return {"ttft_p50_ms": None, "ttft_p99_ms": None}
+    p50, p99 = sketch.quantile(0.5), sketch.quantile(0.99)
+    return {"ttft_p50_ms": None if p50 is None else round(p50, 3), "ttft_p99_ms": None if p99 is None else round(p99, 3)}
