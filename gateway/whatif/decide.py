@@ -8,7 +8,8 @@ The steps are the request path's, in its order, each from the server's own funct
                a session holds its tier, moving only up; a tier down when logged (`rerouted_from`): the detour
     admission  rate limits and the daily budget at the logged arrival time (429; `limits`)
     cache      the logged outcome where the decision keeps it (same tier, the rule still caching the request);
-               an exact hit where the candidate caches what the log shows was answered before on that tier
+               an exact hit where the candidate caches what the log shows was answered before on that tier;
+               none where the log shows no cache at all ("off": the gateway ran without Redis)
     price      the logged tokens at the candidate tier's prices of the day; the output cut to a smaller
                max_tokens; prefix-cached tokens only on the tier that cached them
 
@@ -164,6 +165,8 @@ class Decider:
         return rec.prompt, min(rec.completion, max_tokens * rec.generated)
 
     def _cache(self, rec: Logged, tenant: TenantPolicy, tier: Tier) -> str:
+        if rec.cache == "off":
+            return "off"  # the gateway that served it had no response cache (no Redis): a policy adds none
         rule = tenant.cache
         caches = rule.enabled and (rec.cacheable == "deterministic" or
                                    (rec.cacheable == "always" and rule.mode == "always"))

@@ -26,7 +26,7 @@ from gateway.emulator.profiles import PROFILES, Profile
 
 SAMPLES = 4096  # measurements kept per tier (a reservoir: memory flat in the log's length)
 LOW = 5  # percentile of the least loaded requests
-MIN_SAMPLES = 20
+MIN_SAMPLES = 5
 
 
 @dataclass(slots=True)
