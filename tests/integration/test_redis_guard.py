@@ -51,11 +51,11 @@ async def test_guard_fails_fast_skips_while_down_and_recovers(server: EmbeddedRe
     server.kill()
     start = time.perf_counter()
     assert await guard.run("ping", ping) is None
-    assert time.perf_counter() - start < 0.06 and not guard.up
+    assert time.perf_counter() - start < 1.0 and not guard.up  # did not block (a refused connect, not a wait)
     start = time.perf_counter()
     for _ in range(1000):
         assert await guard.run("ping", ping) is None
-    assert calls == 2 and time.perf_counter() - start < 0.05  # no connect attempt while backing off
+    assert calls == 2 and time.perf_counter() - start < 1.0  # no connect attempt while backing off (counted)
     server.restart()
     assert await guard.run("ping", ping) is None  # still inside the backoff window
     time.sleep(0.2)
@@ -73,9 +73,16 @@ async def test_a_frozen_server_costs_three_timeouts_then_is_skipped(server: Embe
         start = time.perf_counter()
         for _ in range(3):
             assert await guard.run("ping", client.ping) is None
-        assert not guard.up and 0.06 <= time.perf_counter() - start < 0.2
+        assert not guard.up and 0.06 <= time.perf_counter() - start < 2.0  # three timeouts, then no more waits
+        tried = []
+
+        def ping() -> Awaitable[bool]:
+            tried.append(1)
+            return client.ping()
+
         start = time.perf_counter()
-        assert await guard.run("ping", client.ping) is None and time.perf_counter() - start < 0.001
+        assert await guard.run("ping", ping) is None and tried == []  # skipped while down: not even called
+        assert time.perf_counter() - start < 1.0
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
     await asyncio.sleep(0.2)

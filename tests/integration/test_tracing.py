@@ -378,7 +378,7 @@ def test_a_full_queue_drops_and_counts_without_waiting_and_shutdown_flushes() ->
     began = time.perf_counter()
     for _ in range(5):
         exporter.submit([span, span])
-    assert time.perf_counter() - began < 0.05 and exporter.dropped == 6  # 4 queued, 6 turned away
+    assert time.perf_counter() - began < 2.0 and exporter.dropped == 6  # did not wait for the collector (10 s); 4 queued, 6 turned away
     release.set()
     exporter.shutdown()
     assert exporter.exported == 6 and sum(len(_decoded(body)[2]) for body in exports) == 6

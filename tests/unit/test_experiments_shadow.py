@@ -166,7 +166,8 @@ async def test_submit_never_blocks_drops_when_full_or_under_pressure_and_a_faile
     sender.start()
     start = time.perf_counter()
     accepted = [sender.submit(job(request_id=f"r{i}")) for i in range(5)]
-    assert time.perf_counter() - start < 0.01
+    assert send.calls == []  # submit returned without running a send (it is synchronous: it cannot wait)
+    assert time.perf_counter() - start < 1.0  # did not block (each send takes 50 ms)
     assert accepted == [True, True, False, False, False] and sender.stats["dropped_full"] == 3
     await sender.drain()
     assert sender.stats["stored"] == 2 and len(await store.recent("t")) == 2
