@@ -24,6 +24,7 @@ from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
 from gateway.stages.resume import priced_parts
 from gateway.tokens import TokenCounters
+from gateway.whatif.logline import replay_fields
 
 PRICED_FROM = {
     "backend_usage": "the backend's usage (prompt and completion tokens it reported)",
@@ -103,6 +104,7 @@ class Accountant:
             "session_route": ctx.session_route,
         }
         fields.update(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM)
+        fields.update(replay_fields(ctx))  # what routing used, as numbers: `gateway whatif` replays it (issue 40)
         log_request(fields)
         if not observe:
             return
