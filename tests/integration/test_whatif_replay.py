@@ -25,7 +25,7 @@ from tests.conftest import StartApp, StartEmulator
 
 TIERS = ("small", "medium", "large")
 PROMPTS = {f"prompt number {i}": round((i % 10) / 10 + 0.05, 2) for i in range(40)}
-BANDS = [{"below": 0.35, "tier": "small"}, {"below": 0.7, "tier": "medium"}, {"tier": "large"}]
+BANDS: list[dict[str, Any]] = [{"below": 0.35, "tier": "small"}, {"below": 0.7, "tier": "medium"}, {"tier": "large"}]
 
 
 def write_config(folder: Path, urls: dict[str, str], bands: list[dict[str, Any]], rate: int | None) -> tuple[Path, Path]:
@@ -98,7 +98,7 @@ async def test_whatif_replays_a_real_log(tmp_path: Path, start_emulator: StartEm
     assert candidate["cost_usd"] == pytest.approx(recorded["cost_usd"], rel=0.01)
     assert same["calibration"]["max_share_points"] == 0.0
 
-    everything_large = [{"tier": "large"}]
+    everything_large: list[dict[str, Any]] = [{"tier": "large"}]
     changed = write_config(tmp_path, urls, everything_large, 10)
     moved = whatif(log, *changed, own, tmp_path / "changed.json")
     candidate = moved["candidate"]

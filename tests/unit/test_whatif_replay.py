@@ -124,7 +124,7 @@ def test_the_fleet_queues_when_the_replica_is_busy_and_sheds_past_the_queue() ->
     first, second, queued, shed = arrivals
     alone = (100 / profile.prefill_tps + profile.tpot_1_s) * 1000
     assert first.ttft_ms == pytest.approx(alone)  # prefill and one decode step
-    assert second.ttft_ms is not None and first.ttft_ms < second.ttft_ms < 3 * alone  # the next step's batch
+    assert first.ttft_ms is not None and second.ttft_ms is not None and first.ttft_ms < second.ttft_ms < 3 * alone  # the next step's batch
     assert queued.ttft_ms is not None and queued.ttft_ms > 19 * profile.tpot_1_s * 1000  # waited for a slot
     assert shed.shed == "queue_full" and shed.ttft_ms is None
 
