@@ -38,18 +38,22 @@ def calls(rows: list[Row]) -> list[Row]:
 
 def test_scores_independent_of_the_arm_are_called_nothing_beyond_the_error_rate() -> None:
     rng = np.random.default_rng(20261127)
-    started = time.monotonic()
     any_call = better = 0
+    durations = []
     for repetition in range(REPETITIONS):
-        rows = analyze(null_experiment(rng, n=100), n_boot=50, n_perm=600, seed=repetition)
+        experiment = null_experiment(rng, n=100)
+        started = time.perf_counter()
+        rows = analyze(experiment, n_boot=50, n_perm=600, seed=repetition)
+        durations.append(time.perf_counter() - started)
         found = calls(rows)
         any_call += bool(found)
         better += sum(row.verdict == "better" for row in found)
-    elapsed = time.monotonic() - started
     # 9 metrics x 2 arms = 18 comparisons per experiment: uncorrected, about half the experiments would call
     # something; Holm keeps it at most 5 % (5 of 100 expected at worst; 10 is 5 % plus 2.3 standard deviations)
     assert any_call <= 10, f"{any_call} of {REPETITIONS} null experiments called something ({better} 'better')"
-    assert elapsed < 120, f"{elapsed:.1f} s"
+    # the analysis stays vectorised: one experiment's report (18 comparisons, 600 permutations, 50 bootstraps) in
+    # about 0.08 s on a loaded 2-core machine; the median over 100 is immune to a stall, and 0.5 s leaves 6x
+    assert float(np.median(durations)) < 0.5, f"median {np.median(durations):.3f} s per experiment"
 
 
 def test_the_issue_case_is_inconclusive() -> None:
