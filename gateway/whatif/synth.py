@@ -41,7 +41,8 @@ def replayable(line: bytes, n: int) -> bytes:
         obj: dict[str, Any] = orjson.loads(line)
     except orjson.JSONDecodeError:
         return line  # the synth's malformed lines stay malformed
-    if not isinstance(obj, dict) or obj.get("event") != "request" or not isinstance(obj.get("tenant"), str):
+    if not isinstance(obj, dict) or obj.get("event") != "request" or not isinstance(obj.get("tenant"), str) \
+            or "prompt_tokens" not in obj:
         return line
     conversation = n // 3  # three turns a conversation
     key = blake2b(f"{obj['tenant']}:{conversation}".encode(), digest_size=8).digest()
