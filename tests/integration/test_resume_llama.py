@@ -71,11 +71,17 @@ async def test_a_replica_killed_mid_stream_the_sdk_reads_one_whole_answer(
                         if choice.finish_reason:
                             finishes.append(choice.finish_reason)
         text = "".join(pieces)
+        uncut_text = uncut.choices[0].message.content or ""
         assert len(finishes) == 1 and finishes[0] in ("stop", "length"), (trial, finishes, text)
         assert usage is not None and usage.completion_tokens >= len(pieces) - 1, (trial, usage)
         line = next(e for e in logs if e["event"] == "request")
         assert line["outcome"] == "ok" and line["resumed"] and line["parts"][0]["completion_tokens"] >= 3, line
-        same += text == uncut.choices[0].message.content
+        # the continuation follows the text the client had (the first part's tokens, one a chunk): it does not
+        # start the answer over ("Tell me aboutTell me about...": a continuation prompt without the text sent)
+        sent = "".join(pieces[:line["parts"][0]["completion_tokens"]])
+        start, rest = "".join(pieces[:3]).strip(), text[len(sent):]
+        assert start and not rest.lstrip().startswith(start), (trial, sent, rest)
+        same += text == uncut_text
         if os.environ.get("RESUME_LLAMA_SHOW"):
             print(f"\n--- uncut: {uncut.choices[0].message.content!r}\n--- resumed after {len(pieces[:3])}: {text!r}")
         victim.process.wait()
@@ -83,3 +89,6 @@ async def test_a_replica_killed_mid_stream_the_sdk_reads_one_whole_answer(
         children[children.index(victim)] = restarted
         await wait_healthy([restarted], timeout_s=120)
     print(f"\n{TRIALS} kills: {TRIALS} complete with one finish reason; {same} identical to the uncut greedy answer")
+    # greedy on one model: most continued answers are the uncut answer itself (16 of 20 in docs/BENCHMARKS.md, 4 of
+    # 6 here; the others part where Gemma emits a turn marker); an answer started over is never identical
+    assert same >= TRIALS // 3, f"{same} of {TRIALS} resumed answers identical to the uncut one"
