@@ -138,3 +138,204 @@ def test_budgets_add_up_per_key_and_day() -> None:
     assert budgets.spent("a", "2026-01-02") == 2.0
     assert budgets.spent("b", "2026-01-01") == 1.0
     assert budgets.spent("b", "2026-01-02") == 0.0
+
+
+# --- the limiter against a real Redis, and its local share (gateway/limits/limiter.py, replicas.py) ---
+
+import hashlib  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
+from typing import Any  # noqa: E402
+
+from redis.asyncio import Redis  # noqa: E402
+
+from gateway.cache.background import BackgroundWrites  # noqa: E402
+from gateway.cache.connection import connect  # noqa: E402
+from gateway.cache.guard import RedisGuard  # noqa: E402
+from gateway.clock import day_key  # noqa: E402
+from gateway.config.tenants import TenantPolicy  # noqa: E402
+from gateway.errors import RateLimited  # noqa: E402
+from gateway.limits.limiter import Limiter  # noqa: E402
+from gateway.limits.replicas import Replicas  # noqa: E402
+from gateway.metrics import GatewayMetrics  # noqa: E402
+from gateway.testing import gateway_config, tier  # noqa: E402
+
+
+def tenant(name: str = "acme", **limits: Any) -> TenantPolicy:
+    key_hash = hashlib.sha256(name.encode()).hexdigest()
+    config = gateway_config([tier("t", ["http://127.0.0.1:1/v1"])],
+                            policy={"tenants": [{"name": name, "api_key_sha256": key_hash, **limits}]})
+    return config.tenants_by_key_hash[key_hash]
+
+
+async def redis_limiter(url: str, replicas: int = 1) -> tuple[Limiter, BackgroundWrites, Redis]:
+    writes = BackgroundWrites()
+    guard = RedisGuard(connect(url), op_timeout_s=1.0)
+    return Limiter(guard, writes, Replicas(guard, lambda: replicas), GatewayMetrics()), writes, Redis.from_url(url)
+
+
+async def refusal(limiter: Limiter, who: TenantPolicy, cost: int = 1) -> RateLimited | None:
+    try:
+        await limiter.admit(who, cost)
+    except RateLimited as exc:
+        return exc
+    return None
+
+
+def minute() -> int:
+    return math.floor(time.time() / WINDOW_S)
+
+
+async def test_redis_counts_requests_per_tenant_and_says_which_limit(redis_url: str) -> None:
+    limiter, _, redis = await redis_limiter(redis_url)
+    a, b = tenant("a", rate_limit={"requests_per_min": 3}), tenant("b", rate_limit={"requests_per_min": 3})
+    assert [await refusal(limiter, a) for _ in range(3)] == [None] * 3
+    denied = await refusal(limiter, a)
+    assert denied is not None and denied.code == "rate_limit_requests" and denied.status == 429
+    assert "'a' is over its requests per minute limit" in str(denied)
+    assert denied.retry_after is not None and 1.0 <= denied.retry_after <= 60.0
+    assert await refusal(limiter, b) is None  # another tenant: its own window
+    index = minute()
+    assert int(await redis.get(f"rl:{{a}}:req:{index}") or 0) == 3  # the refused one was not counted
+    assert 60 < await redis.ttl(f"rl:{{a}}:req:{index}") <= 120  # two windows long
+    await redis.aclose()
+
+
+async def test_redis_counts_tokens_and_the_retry_waits_for_the_window(redis_url: str) -> None:
+    limiter, _, redis = await redis_limiter(redis_url)
+    a = tenant("a", rate_limit={"tokens_per_min": 100})
+    assert await refusal(limiter, a, 60) is None
+    assert await refusal(limiter, a, 40) is None
+    denied = await refusal(limiter, a, 1)
+    assert denied is not None and denied.code == "rate_limit_tokens"
+    assert "tokens per minute" in str(denied)
+    position = WindowPosition.at(time.time())
+    assert denied.retry_after == pytest.approx(max(1.0, position.seconds_left), abs=2.0)  # nothing before: the turn
+    assert int(await redis.get(f"rl:{{a}}:tok:{minute()}") or 0) == 100
+    assert await redis.get(f"rl:{{a}}:req:{minute()}") is None  # no request limit: no request count
+    await redis.aclose()
+
+
+async def test_the_previous_minute_in_redis_weighs_in(redis_url: str) -> None:
+    limiter, _, redis = await redis_limiter(redis_url)
+    a = tenant("a", rate_limit={"requests_per_min": 10})
+    position = WindowPosition.at(time.time())
+    await redis.set(f"rl:{{a}}:req:{position.index - 1}", 10)
+    admitted = 0
+    while await refusal(limiter, a) is None:
+        admitted += 1
+        assert admitted <= 10
+    weight = WindowPosition.at(time.time()).previous_weight
+    assert admitted in {math.floor(10 - 10 * weight + 1e-9), math.floor(10 - 10 * position.previous_weight + 1e-9)}
+    await redis.aclose()
+
+
+async def test_the_daily_budget_is_the_tenants_own_in_redis(redis_url: str) -> None:
+    limiter, writes, redis = await redis_limiter(redis_url)
+    a = tenant("a", daily_budget_usd=1.0)
+    b = tenant("b", daily_budget_usd=1.0)
+    assert await refusal(limiter, a) is None
+    limiter.book(a, 0, 0.75)
+    limiter.book(a, 0, 0.25)
+    limiter.book(a, 0, 0.0)  # nothing spent: nothing booked
+    await writes.drain()
+    day = day_key(time.time())
+    assert float(await redis.get(f"rl:{{a}}:usd:{day}")) == pytest.approx(1.0)
+    assert 86400 < await redis.ttl(f"rl:{{a}}:usd:{day}") <= 2 * 86400
+    denied = await refusal(limiter, a)
+    assert denied is not None and denied.code == "budget_exhausted" and "daily budget of $1.0" in str(denied)
+    now = datetime.now(UTC)
+    to_midnight = 86400 - (now.hour * 3600 + now.minute * 60 + now.second + now.microsecond / 1e6)
+    assert denied.retry_after == pytest.approx(to_midnight, abs=5.0)
+    assert await refusal(limiter, b) is None  # b's budget is untouched
+    await redis.aclose()
+
+
+async def test_book_corrects_the_token_charge_in_redis_and_locally(redis_url: str) -> None:
+    limiter, writes, redis = await redis_limiter(redis_url)
+    a = tenant("a", rate_limit={"tokens_per_min": 100})
+    assert await refusal(limiter, a, 100) is None
+    limiter.book(a, -40, 0.0)  # 40 of the 100 charged were not used
+    await writes.drain()
+    assert int(await redis.get(f"rl:{{a}}:tok:{minute()}")) == 60
+    assert await refusal(limiter, a, 40) is None
+    assert await refusal(limiter, a, 1) is not None
+    limiter.book(a, 0, 0.0)
+    await writes.drain()
+    assert int(await redis.get(f"rl:{{a}}:tok:{minute()}")) == 100
+    await redis.aclose()
+
+
+async def test_what_redis_admitted_is_charged_to_the_local_share(redis_url: str) -> None:
+    limiter, _, redis = await redis_limiter(redis_url)
+    a = tenant("a", rate_limit={"requests_per_min": 4})
+    b = tenant("b", rate_limit={"tokens_per_min": 100})
+    assert [await refusal(limiter, a) for _ in range(2)] == [None, None]
+    assert [await refusal(limiter, b, 30) for _ in range(2)] == [None, None]
+    await redis.flushall()  # Redis forgets; the replica still knows a used 2 requests and b 60 tokens
+    limiter._script = None  # and Redis cannot decide any more: the local share decides
+    assert [await refusal(limiter, a) for _ in range(2)] == [None, None]
+    requests = await refusal(limiter, a)
+    assert requests is not None and requests.code == "rate_limit_requests"
+    assert await refusal(limiter, b, 40) is None
+    tokens = await refusal(limiter, b, 1)
+    assert tokens is not None and tokens.code == "rate_limit_tokens"
+    await redis.aclose()
+
+
+async def test_without_redis_the_budget_share_is_the_budget_over_the_replicas() -> None:
+    limiter = Limiter(None, BackgroundWrites(), Replicas(None, lambda: 4), GatewayMetrics())
+    a = tenant("a", daily_budget_usd=2.0)
+    assert await refusal(limiter, a) is None
+    limiter.book(a, 0, 0.4)
+    assert await refusal(limiter, a) is None  # 0.4 < 2 / 4
+    limiter.book(a, 0, 0.1)
+    denied = await refusal(limiter, a)
+    assert denied is not None and denied.code == "budget_exhausted"
+    assert await refusal(limiter, tenant("b", daily_budget_usd=2.0)) is None
+
+
+async def test_a_tenant_without_limits_is_never_refused_nor_booked(redis_url: str) -> None:
+    limiter, writes, redis = await redis_limiter(redis_url)
+    free = tenant("free")
+    for _ in range(5):
+        assert await refusal(limiter, free, 10**6) is None
+    limiter.book(free, 10**6, 5.0)
+    await writes.drain()
+    assert await redis.keys("rl:*") == []
+    await redis.aclose()
+
+
+async def test_heartbeats_count_the_replicas_and_leaving_uncounts_at_once(redis_url: str) -> None:
+    guard = RedisGuard(connect(redis_url), op_timeout_s=1.0)
+    first, second = Replicas(guard, lambda: 1, every_s=5.0), Replicas(guard, lambda: 1, every_s=5.0)
+    assert first.id != second.id and len(first.id) == 16
+    await first.beat()
+    assert first.seen == 1
+    await second.beat()
+    await first.beat()
+    assert (first.seen, first.count) == (2, 2)
+    redis = Redis.from_url(redis_url)
+    assert 15 < await redis.ttl("gw:replicas") <= 16  # forgotten after 3 missed beats of 5 s (+1)
+    await second.leave()
+    await first.beat()
+    assert first.seen == 1
+    assert Replicas(guard, lambda: 3).count == 3  # the configured floor
+    await redis.aclose()
+
+
+async def test_replicas_run_beats_until_stopped_then_leave(redis_url: str) -> None:
+    import asyncio
+
+    guard = RedisGuard(connect(redis_url), op_timeout_s=1.0)
+    replicas = Replicas(guard, lambda: 1, every_s=0.05)
+    redis = Redis.from_url(redis_url)
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicas.run(stop))
+    await asyncio.sleep(0.2)
+    assert await redis.zscore("gw:replicas", replicas.id) is not None
+    stop.set()
+    await asyncio.wait_for(task, 5.0)
+    assert await redis.zscore("gw:replicas", replicas.id) is None
+    await redis.aclose()
