@@ -4,7 +4,8 @@ tenant's traffic trimming its stream to `max_pairs` never evicts another tenant'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -12,6 +13,13 @@ from redis.asyncio import Redis
 from gateway.cache.guard import RedisGuard
 from gateway.experiments.shadow import AgreementScorer, PairStore, ShadowJob, ShadowSender
 from tests.unit.test_experiments_shadow import BODY, RULE, Recorder, WordEmbedder
+
+
+class Words(WordEmbedder):
+    """The bag-of-words embedder, taking whatever else the scorer passes (a cache scope)."""
+
+    async def embed_many(self, texts: Sequence[str], **_: Any) -> Any:  # type: ignore[override]
+        return await super().embed_many(texts)
 
 
 @pytest.fixture
@@ -23,7 +31,7 @@ async def store(redis_url: str) -> AsyncIterator[PairStore]:
 
 def sender(store: PairStore) -> ShadowSender:
     return ShadowSender(Recorder({"large-fp16": "Paris is the capital city of France."}),
-                        AgreementScorer(WordEmbedder()), store, lambda: False)
+                        AgreementScorer(Words()), store, lambda: False)
 
 
 async def test_each_tenant_lists_only_its_own_pairs(store: PairStore) -> None:
