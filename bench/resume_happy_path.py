@@ -21,7 +21,8 @@ import orjson
 from gateway.backends.pool import Lease, ReplicaPool
 from gateway.metrics import GatewayMetrics
 from gateway.sse import SseScanner
-from gateway.stages.resume import StreamResumes
+from gateway.tokens import TokenCounters
+from gateway.upstream.resume import StreamResumes
 from gateway.testing import gateway_config, tier
 from gateway.testing.contexts import request_context
 
@@ -61,7 +62,7 @@ def main() -> None:
     pool = ReplicaPool()
     pool.configure(config.routes)
     held = Lease(pool, ctx.tier.replicas[0], ctx.tier, 10, 0, config.routes.balancing)
-    resumes = StreamResumes(None, pool, GatewayMetrics(), lambda c: None)  # type: ignore[arg-type]
+    resumes = StreamResumes(None, pool, GatewayMetrics(), lambda c: None, TokenCounters())  # type: ignore[arg-type]
 
     rows: dict[str, list[float]] = {k: [] for k in ("chunk plain", "chunk kept", "resumer")}
     for round_ in range(args.rounds):

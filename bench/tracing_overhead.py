@@ -6,7 +6,7 @@
 Part 1 starts one emulator (profile instant), an OTLP/HTTP sink in this process (it reads and drops
 the exports, answering 200), and four gateways (`gateway serve`, no Redis) pinned to the same CPU:
   untraced  a copy of the package with the tracing lines cut out of http.py, pipeline.py, context.py,
-            stages/proxy.py and stages/embed.py
+            upstream/attempt.py and stages/embed.py
   off       this build, no OTEL_* variables
   1%        OTEL_EXPORTER_OTLP_ENDPOINT + OTEL_TRACES_SAMPLER=parentbased_traceidratio, ARG 0.01
   100%      the same with parentbased_always_on
@@ -49,7 +49,7 @@ UNTRACED_CUTS = (
     ("http.py", "    if gateway.tracing is not None:\n        ctx.trace = gateway.tracing.start(request.headers, ctx)\n"
                 "        ctx.finishers.append(ctx.trace.finish)\n", ""),
     ("context.py", "    trace: Trace | None = None  # the request's OpenTelemetry trace, when tracing is on\n", ""),
-    ("stages/proxy.py", "ctx.trace.headers() if ctx.trace is not None else None", "None"),
+    ("upstream/attempt.py", "ctx.trace.headers() if ctx.trace is not None else None", "None"),
     ("stages/embed.py", "ctx.trace.headers() if ctx.trace is not None else None", "None"),
 )
 VARIANTS: dict[str, dict[str, str]] = {

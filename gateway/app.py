@@ -52,6 +52,7 @@ from gateway.stages.session import SessionStage
 from gateway.state import GATEWAY, Gateway
 from gateway.tokens import TokenCounters
 from gateway.types import DifficultyScorer, QualityPredictor
+from gateway.upstream.hop import UpstreamHop
 
 if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded
     from gateway.classifier.embedder import CachedEmbedder
@@ -84,27 +85,26 @@ def create_app(
     app[GATEWAY] = gateway
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
-        # aiohttp's client for the health probes; requests go upstream through `UpstreamClient` (backends/h1.py)
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-            writes, watchdog = BackgroundWrites(), IdleWatchdog()
-            upstream = UpstreamClient(on_resend=metrics.upstream_resends.inc)
-            gateway.path, sentences = _request_path(gateway, upstream, redis_url, writes, watchdog, shadow_pairs)
-            stop_watching = asyncio.Event()
-            idle_sweeps, loops = _background(gateway, session, watchdog, stop_watching)
-            try:
-                yield
-            finally:
-                idle_sweeps.cancel()
-                stop_watching.set()
-                await asyncio.gather(*loops)
-                await _close_experiments(gateway)
-                await writes.drain()
-                await upstream.close()
-                if sentences is not None:
-                    await sentences.aclose()
-                if gateway.redis is not None:
-                    await gateway.redis.client.aclose()
+        # one client for all traffic to the replicas (requests, health probes, /metrics scrapes): their TLS,
+        # timeouts and name cache apply everywhere (backends/h1.py)
+        writes, watchdog = BackgroundWrites(), IdleWatchdog()
+        upstream = UpstreamClient(on_resend=metrics.upstream_resends.inc)
+        gateway.path, sentences = _request_path(gateway, upstream, redis_url, writes, watchdog, shadow_pairs)
+        stop_watching = asyncio.Event()
+        idle_sweeps, loops = _background(gateway, upstream, watchdog, stop_watching)
+        try:
+            yield
+        finally:
+            idle_sweeps.cancel()
+            stop_watching.set()
+            await asyncio.gather(*loops)
+            await _close_experiments(gateway)
+            await writes.drain()
+            await upstream.close()
+            if sentences is not None:
+                await sentences.aclose()
+            if gateway.redis is not None:
+                await gateway.redis.client.aclose()
 
     app.cleanup_ctx.append(resources)
     app.cleanup_ctx.append(_traces)
@@ -133,7 +133,7 @@ def _request_path(gateway: Gateway, upstream: UpstreamClient, redis_url: str | N
     affinity = AffinityStage(pool, prefixes, writes)
     count_tokens = gateway.accountant.count_tokens
     admission = AdmissionStage(pool, metrics, affinity)
-    proxy = ProxyStage(upstream, pool, watchdog, metrics, count_tokens)
+    proxy = ProxyStage(UpstreamHop(upstream, pool, watchdog, metrics, count_tokens, gateway.accountant.counters))
     record_owner, shadow_tap = _experiments(gateway, admission, proxy, shadow_pairs)
     gateway.sessions = SessionStage(SessionStore(gateway.redis), pool)  # in process only without Redis
     path = RequestPath(
@@ -198,12 +198,12 @@ def _limiter(gateway: Gateway, writes: BackgroundWrites) -> Limiter:
     return gateway.limiter
 
 
-def _background(gateway: Gateway, session: aiohttp.ClientSession, watchdog: IdleWatchdog,
+def _background(gateway: Gateway, upstream: UpstreamClient, watchdog: IdleWatchdog,
                 stop: asyncio.Event) -> tuple[asyncio.Task[None], list[asyncio.Task[None]]]:
     """The background loops: the idle sweeps (cancelled at the end), and those that end when `stop` is set
     (health probes, replica heartbeats, the config watcher)."""
     assert gateway.replicas is not None
-    loops = [Prober(session, gateway.pool, lambda: gateway.config).run(stop), gateway.replicas.run(stop)]
+    loops = [Prober(upstream, gateway.pool, lambda: gateway.config).run(stop), gateway.replicas.run(stop)]
     if gateway.reloader is not None:
         loops.append(gateway.reloader.watch(stop))
     return asyncio.create_task(watchdog.run()), [asyncio.create_task(loop) for loop in loops]

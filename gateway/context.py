@@ -78,7 +78,7 @@ class RequestContext:
     output_chunks: int = 0  # streamed chunks with content: one token each on llama.cpp and vLLM
     response_text: str | None = None  # the answer's text: non-streamed, or streamed while caching or keep_text
     keep_text: bool = False  # collect a streamed answer's text (a shadow comparison needs it)
-    resumed_parts: list[Any] = field(default_factory=list)  # a resumed stream's parts (gateway.stages.resume)
+    resumed_parts: list[Any] = field(default_factory=list)  # a resumed stream's parts (gateway.upstream.resume)
     session_header: str | None = None  # the client's x-session-id (the edge)
     session: str | None = None  # the sticky-tier session the request belongs to (gateway.stages.session)
     session_route: str | None = None  # new, kept, upgraded, or held (the session's tier served, not the routed one)

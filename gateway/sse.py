@@ -74,6 +74,19 @@ class SseScanner:
         # several outputs under a cap: each counted and cut by its index (None: the single-answer path)
         self._choices: dict[int, _Choice] | None = {} if limit is not None and outputs > 1 else None
 
+    @property
+    def endpoint(self) -> Endpoint:
+        """What the stream answers (a continuation reads its events as more of the same)."""
+        return "chat" if self._chat else "completions"
+
+    @property
+    def forward_usage(self) -> bool:
+        return self._forward_usage
+
+    @property
+    def limit(self) -> OutputLimit | None:
+        return self._limit
+
     def feed(self, data: bytes) -> bytes:
         if not self._pending and data.startswith(b"data: ") and data.find(b"\n") == len(data) - 2 \
                 and data.endswith(b"\n\n") and data[-3:-2] != b"\r":  # one whole event, as most reads are

@@ -127,13 +127,37 @@ class UpstreamClient:
         own TLS context for an https:// URL (a CA bundle, a client certificate; None: the system's CAs)."""
         origin = self._origins.get((base_url, tls))
         if origin is None:
-            origin = self._origins[(base_url, tls)] = Origin.of(base_url, tls)
+            origin = self._origin(base_url, tls)
         if path not in self._paths:  # a handful of fixed paths: each checked once
             if not _is_target(path):
                 raise ValueError(f"a request path must be printable ASCII without spaces: {path!r}")
             self._paths.add(path)
         head = (f"POST {origin.path}{path}{origin.query} HTTP/1.1\r\nHost: {origin.host_header}\r\n{headers}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")  # `header_lines` checked them
+        return await self._exchange(origin, head, body, connect_s, read_s)
+
+    async def get(self, base_url: str, path: str, headers: str, *, connect_s: float, read_s: float | None,
+                  tls: ssl.SSLContext | None = None) -> Response:
+        """GET `base_url + path` (a health probe, a /metrics scrape) over the same pooled connections, TLS
+        and name cache as the replica's requests; the response once its head has arrived, whatever its status."""
+        origin = self._origin(base_url, tls)
+        if not _is_target(path):
+            raise ValueError(f"a request path must be printable ASCII without spaces: {path!r}")
+        head = (f"GET {origin.path}{path}{origin.query} HTTP/1.1\r\nHost: {origin.host_header}\r\n{headers}"
+                "\r\n").encode("latin-1")
+        return await self._exchange(origin, head, b"", connect_s, read_s)
+
+    def _origin(self, base_url: str, tls: ssl.SSLContext | None) -> Origin:
+        """The origin of `base_url` under `tls`, made once. A replica's context is one object per TLS settings'
+        value (`config.routes.ReplicaTls.context`): a reload that loads the same settings finds the same pool."""
+        origin = self._origins.get((base_url, tls))
+        if origin is None:
+            origin = self._origins[(base_url, tls)] = Origin.of(base_url, tls)
+        return origin
+
+    async def _exchange(self, origin: Origin, head: bytes, body: bytes, connect_s: float,
+                        read_s: float | None) -> Response:
+        """Send the request on an idle connection to the origin when one is left, else on a new one."""
         connection = self._take(origin.key)
         if connection is not None:
             response = Response(connection, read_s)

@@ -1,5 +1,8 @@
 """Off the request path: active health checks and the backends' own load, on an interval.
 
+Both go through the upstream client every request to the replica takes (`upstream.fetch`): the replica's own
+TLS settings (CA bundle, client certificate, `verify`), key, name cache and pooled connections.
+
 Health: `GET {replica.url}/models` (every OpenAI-compatible server has it) every
 `balancing.health_interval_s`; a failure takes the replica out of the ranking until one passes. A
 probe that times out while the gateway has requests in flight on the replica changes nothing: the
@@ -16,18 +19,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
-import aiohttp
 import structlog
 
+from gateway.backends.h1 import ClientFailure, UpstreamClient
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.stats import BackendLoad
-from gateway.backends.urls import with_path
+from gateway.backends.upstream import fetch
 from gateway.config import GatewayConfig, Replica
 
 UNSUPPORTED_RETRY_S = 60.0
-PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+PROBE_TIMEOUT_S = 2.0
 GAUGES = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
@@ -64,14 +66,9 @@ def parse_load(text: str, at: float) -> BackendLoad | None:
     return BackendLoad(found.get("running", 0.0), found.get("waiting", 0.0), found.get("kv_usage", 0.0), at)
 
 
-def metrics_url(replica: Replica) -> str:
-    parts = urlsplit(replica.url)
-    return f"{parts.scheme}://{parts.netloc}/metrics"
-
-
 class Prober:
-    def __init__(self, session: aiohttp.ClientSession, pool: ReplicaPool, config: Callable[[], GatewayConfig]) -> None:
-        self._session = session
+    def __init__(self, client: UpstreamClient, pool: ReplicaPool, config: Callable[[], GatewayConfig]) -> None:
+        self._client = client
         self._pool = pool
         self._config = config
         self._no_metrics_until: dict[str, float] = {}
@@ -104,9 +101,9 @@ class Prober:
     async def check_health(self, tier: str, replica: Replica) -> None:
         state = self._pool.state(replica, self._config().tiers.get(tier))
         try:
-            async with self._session.get(with_path(replica.url, "/models"), timeout=PROBE_TIMEOUT) as response:
-                healthy = response.status < 500
-        except (aiohttp.ClientError, TimeoutError) as err:
+            status, _ = await fetch(self._client, replica, "/models", PROBE_TIMEOUT_S)
+            healthy = status < 500
+        except (ClientFailure, TimeoutError, ValueError) as err:
             # busy is not down: llama.cpp answers /models only between two generations
             healthy = isinstance(err, TimeoutError) and state.in_flight > 0 and state.healthy
         if healthy != state.healthy:
@@ -118,9 +115,9 @@ class Prober:
         if self._no_metrics_until.get(replica.name, 0.0) > now:
             return
         try:
-            async with self._session.get(metrics_url(replica), timeout=PROBE_TIMEOUT) as response:
-                text = await response.text() if response.status == 200 else ""
-        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            status, body = await fetch(self._client, replica, "/metrics", PROBE_TIMEOUT_S, root=True)
+            text = body.decode() if status == 200 else ""
+        except (ClientFailure, TimeoutError, ValueError, UnicodeDecodeError):
             return  # the health check speaks for an unreachable server
         load = parse_load(text, time.monotonic())
         if load is None:

@@ -6,7 +6,7 @@ then `[DONE]`. A stream that handed `[DONE]` to the client is complete (200, ok)
 does next: clients close it as soon as they read `[DONE]`. A stream the client left is settled with
 what was read from the backend, forwarded or not: those tokens were generated and are priced.
 A stream that breaks off (reset, EOF before [DONE], idle) goes on from its `Resumer`'s continuation when
-it gives one (issue 32: gateway.stages.resume, gateway.backends.resume); otherwise it ends with an error event
+it gives one (issue 32: gateway.upstream.resume, gateway.upstream.continuation); otherwise it ends with an error event
 saying why not.
 """
 

@@ -3,6 +3,7 @@ in full, and the failures sorted into those worth another replica (`Retry`) and 
 
     response = await post(client, replica, "/embeddings", body, settings.upstream)  # a 200, or raises
     data = await read_answer(response, replica)
+    status, body = await fetch(client, replica, "/models", timeout_s=2.0)  # a probe: GET, the same TLS and DNS
 
 Connection errors, timeouts and 408/429/5xx raise `Retry` (the replica's fault: try the next one);
 another 4xx raises `UpstreamStatus` with the backend's message (the request's fault: no replica would
@@ -11,7 +12,9 @@ take it). Only the replica's key from config goes upstream, never a client heade
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -67,6 +70,26 @@ async def post(client: UpstreamClient, replica: Replica, path: str, body: bytes,
         return response
     error = await status_error(response, replica)
     raise Retry(error) if response.status in RETRYABLE_STATUS else error
+
+
+async def fetch(client: UpstreamClient, replica: Replica, path: str, timeout_s: float, *,
+                root: bool = False) -> tuple[int, bytes]:
+    """GET `replica.url + path` (`root`: the path at the server's root, as /metrics) with the replica's own key,
+    TLS, name cache and pooled connections, like its requests: (status, body), all within `timeout_s`. Raises
+    `ClientFailure`, `TimeoutError`, or `ValueError` for a URL HTTP/1.1 cannot carry."""
+    base = _root(replica.url) if root else replica.url
+    async with asyncio.timeout(timeout_s):
+        response = await client.get(base, path, _replica_headers(replica.api_key), connect_s=timeout_s,
+                                    read_s=timeout_s, tls=replica.tls_context)
+        try:
+            return response.status, await response.read()
+        finally:
+            response.close()  # a no-op once read whole (the connection is back in the pool)
+
+
+def _root(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 async def read_answer(response: Response, replica: Replica) -> bytes:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import ssl
 from functools import cached_property
+from pathlib import Path
 from datetime import date
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -109,8 +111,18 @@ class ReplicaTls(Frozen):
     def _identity_loads(self) -> ReplicaTls:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("give cert_file and key_file together")
-        self.__dict__["context"] = _tls_file(self._context, self.cert_file or self.ca_file or "")
+        self.__dict__["context"] = _tls_file(self._shared_context, self.cert_file or self.ca_file or "")
         return self
+
+    def _shared_context(self) -> ssl.SSLContext:
+        """One context per value of these settings, the files' contents included: a reload that loads the same
+        settings gets the same object, so the upstream client's pool of connections for it (keyed by it) is
+        found again, not stranded; a rotated certificate or CA bundle makes a new one."""
+        value = (self.verify, _digest(self.ca_file), _digest(self.cert_file), _digest(self.key_file))
+        context = _CONTEXTS.get(value)
+        if context is None:
+            context = _CONTEXTS[value] = self._context()
+        return context
 
     def _context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=self.ca_file)
@@ -124,7 +136,14 @@ class ReplicaTls(Frozen):
     @cached_property
     def context(self) -> ssl.SSLContext:
         """The SSL context built at load time (`_identity_loads`), shared by the replica's connections."""
-        return self._context()
+        return self._shared_context()
+
+
+_CONTEXTS: dict[tuple[bool, bytes | None, bytes | None, bytes | None], ssl.SSLContext] = {}  # by TLS settings' value
+
+
+def _digest(path: str | None) -> bytes | None:
+    return None if path is None else hashlib.sha256(Path(path).read_bytes()).digest()
 
 
 def _tls_file(load: Callable[[], T], path: str) -> T:

@@ -5,7 +5,7 @@ Runs for every request that reached the gateway, whatever happened: first of `Re
 Work done is priced (issue 37), and the log line's `priced_from` says from what (`PRICED_FROM`): the
 backend's usage; the gateway's counts (the tier's tokenizer for the prompt, the stream's content chunks or
 the answer's text); or, for a client that left before the answer came, the prompt counted and the output
-estimated from the replica's decode rate (`gateway.stages.proxy.price_abandoned`). None: no backend
+estimated from the replica's decode rate (`gateway.upstream.sink.price_abandoned`). None: no backend
 did any work for the request (refused, a cache hit, every attempt failed), and it costs nothing.
 """
 
@@ -22,7 +22,7 @@ from gateway.config.tokenizers import build_counters
 from gateway.context import RequestContext
 from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
-from gateway.stages.resume import priced_parts
+from gateway.upstream.resume import priced_parts
 from gateway.tokens import TokenCounters
 from gateway.whatif.logline import replay_fields
 
@@ -38,6 +38,7 @@ NO_ARM: dict[str, Any] = {"experiment": None, "arm": None, "arm_control": None} 
 class Accountant:
     def __init__(self, counters: TokenCounters, metrics: GatewayMetrics) -> None:
         self._counters = counters
+        self.counters = counters  # the tiers' token counters (a resumed stream counts the tokens it sent)
         self._metrics = metrics
 
     def prepare(self, config: GatewayConfig) -> None:

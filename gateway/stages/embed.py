@@ -8,7 +8,7 @@ Remote (`endpoint: embeddings` with replicas: vLLM `--task embed`, TEI, llama.cp
 each distinct input is looked up in Redis by (served model, dimensions, text); a missing input
 another request of this process is already embedding is awaited from that call (single flight, by
 the same key); only the others go upstream, in one batch, to the ranked replicas in turn
-(`stages.failover`: another replica on a connection error, timeout, 5xx or malformed answer). That
+(`gateway.upstream.attempt`: another replica on a connection error, timeout, 5xx or malformed answer). That
 call is a task of its own: the requests waiting for it get its vectors even if the one that sent it
 leaves; if it fails, each waiter sends the inputs it waited for itself, once, with its own failover
 (an error is then its own). Vectors are written back after the answer, and the response is assembled
@@ -42,8 +42,8 @@ from gateway.context import RequestContext
 from gateway.keyspace import tenant_scope
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.embeddings import float16_rounded, inputs_of, render
-from gateway.stages.failover import answered, failover, lease, leased
 from gateway.types import JsonReply, Reply
+from gateway.upstream.attempt import Attempt, failover
 
 if TYPE_CHECKING:  # onnxruntime is imported only when an encoder is loaded
     from gateway.classifier.embedder import CachedEmbedder
@@ -145,14 +145,14 @@ class RemoteEmbeddings:
         headers = ctx.trace.headers() if ctx.trace is not None else None
         tokens = estimate_tokens(sum(len(text) for text in texts))
 
-        async def attempt(replica: Replica) -> Embedded:
-            with leased(lease(ctx, self._pool, replica, tokens)) as held:
+        async def one(replica: Replica) -> Embedded:
+            with Attempt(ctx, self._pool, replica, tokens=tokens) as attempt:
                 answer = await embed(self._client, replica, texts, dimensions, settings, headers)
             ctx.upstream_started = True
-            answered(ctx, held, decode_s=0.0)  # an embedding is a first token: its latency feeds TTFT and the limiter
+            attempt.answered(decode_s=0.0)  # an embedding is a first token: its latency feeds TTFT and the limiter
             return answer
 
-        return await failover(ctx, self._pool, self._metrics, attempt)
+        return await failover(ctx, self._pool, self._metrics, one)
 
 
 def _scope(ctx: RequestContext) -> str:

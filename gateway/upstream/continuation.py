@@ -16,7 +16,8 @@ docs/FAULTS.md says what each backend does with it.
 `ContinuationScanner` makes the continuation's events look like the rest of the first stream: the same id,
 created and model, the role chunk that opens a chat stream dropped, the tally carried on (so the output cap,
 the finish reason the relay adds, and the collected text count both parts), and the backend's usage chunk
-raised by the earlier parts' tokens (`prior`), so the client sees one usage covering the whole answer.
+made the client's: its prompt once, and every token it was sent (the earlier parts' too). A chat continued on
+/completions keeps its `response_format`.
 Nothing here runs on a stream that never broke.
 """
 
@@ -30,8 +31,9 @@ from gateway.sse import SseScanner, StreamTally
 from gateway.types import Endpoint
 
 HEAD_FIELDS = ("id", "object", "created", "model")
+# what a chat continued on /completions leaves out; response_format stays: what the client asked of the answer
 CHAT_ONLY = frozenset({"messages", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-                       "response_format", "logprobs", "top_logprobs", "continue_final_message", "add_generation_prompt",
+                       "logprobs", "top_logprobs", "continue_final_message", "add_generation_prompt",
                        "chat_template_kwargs", "reasoning_format", "max_completion_tokens"})
 
 
@@ -79,8 +81,7 @@ class ContinuationScanner(SseScanner):
     `sent` holds, for each part so far (this one last), the tokens the client had before it."""
 
     def __init__(self, previous: SseScanner, sent: tuple[int, ...], *, completions: bool = False) -> None:
-        super().__init__("chat" if previous._chat else "completions", forward_usage=previous._forward_usage,
-                         limit=previous._limit)
+        super().__init__(previous.endpoint, forward_usage=previous.forward_usage, limit=previous.limit)
         self.tally = previous.tally  # one tally for the whole answer
         self.tally.usage = None
         self._sent = sent
@@ -105,16 +106,20 @@ class ContinuationScanner(SseScanner):
         return super()._tally_chunk(chunk, b"data: " + orjson.dumps(chunk))
 
     def _merged(self, usage: dict[str, Any]) -> dict[str, Any]:
-        """The whole answer's usage from this part's: part i read the original prompt P plus the k_i tokens sent
-        before it (this part's prompt is P + k_last), and wrote the tokens up to the next part's k."""
+        """The client's usage from this part's: its request's (the original prompt P once: this part read P plus
+        the k_last tokens sent before it) and every token it was sent (those before this part, and this part's).
+        The work done, every part's prompt, is the log line's (`gateway.upstream.resume.ResumedSink`)."""
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if not isinstance(prompt, int) or not isinstance(completion, int):
             return usage
         sent = self._sent
-        original = max(prompt - sent[-1], 0)
-        prompt = original * len(sent) + sum(sent)
+        prompt = max(prompt - sent[-1], 0)
         completion += sent[-1]
-        return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        merged = {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(cached := details.get("cached_tokens"), int) and cached > prompt:
+            merged["prompt_tokens_details"] = {**details, "cached_tokens": prompt}  # of the client's prompt
+        return merged
 
 
 def _chat_choice(choice: dict[str, Any]) -> dict[str, Any]:

@@ -25,24 +25,25 @@ from typing import Any
 import orjson
 import structlog
 
-from gateway.backends.h1 import ClientFailure, Response, UpstreamClient
+from gateway.backends.h1 import UpstreamClient
 from gateway.backends.pool import Lease, ReplicaPool
 from gateway.backends.relay import Continuation, StreamEnd
-from gateway.backends.resume import ContinuationScanner, continuation_body, not_resumable
 from gateway.backends.upstream import Retry, post, read_answer
 from gateway.backends.urls import without_suffix
 from gateway.config import Replica, Tier
 from gateway.config.routes import Upstream
 from gateway.context import RequestContext
-from gateway.errors import UpstreamError, UpstreamStatus, UpstreamTimeout
+from gateway.errors import UpstreamStatus
 from gateway.metrics import GatewayMetrics
 from gateway.promfast import Counter
 from gateway.sse import SseScanner, StreamTally
-from gateway.stages.answer import ContextSink
+from gateway.tokens import TokenCounters
+from gateway.upstream.attempt import PATHS, Attempt, may_try
+from gateway.upstream.continuation import ContinuationScanner, continuation_body, not_resumable
+from gateway.upstream.sink import ContextSink
 
 log = structlog.get_logger("gateway.proxy")
 
-PATHS = {"chat": "/chat/completions", "completions": "/completions"}
 OUTCOMES = ("resumed", "refused", "no_replica", "failed", "limit", "budget", "whole")
 
 
@@ -56,13 +57,16 @@ class ResumePart:
 
 
 class StreamResumes:
-    """The app's resuming: the upstream client, the pool, the metric. Builds one resumer per streamed request."""
+    """The app's resuming: the upstream client, the pool, the metrics, the tiers' token counters. Builds one
+    resumer per streamed request."""
 
     def __init__(self, client: UpstreamClient, pool: ReplicaPool, metrics: GatewayMetrics,
-                 count_tokens: Callable[[RequestContext], None]) -> None:
+                 count_tokens: Callable[[RequestContext], None], counters: TokenCounters) -> None:
         self.client = client
         self.pool = pool
+        self.metrics = metrics
         self.count_tokens = count_tokens
+        self.counters = counters
         self._chat_servers: set[str] = set()  # replicas without POST /apply-template: they continue a chat
         counter = Counter("gateway_stream_resumes", "Streams that broke after their first byte, by what the gateway "
                           "did: resumed elsewhere, or why not", ("outcome",), registry=metrics.registry)
@@ -108,52 +112,49 @@ class StreamResumer:
 
     async def resume(self, scanner: SseScanner, code: str) -> Continuation | str | None:
         """The continuation of the stream `scanner` read, which broke with `code`; why not (str); or None when
-        the answer was whole already (all of `max_tokens` sent, only the end lost)."""
+        the answer was whole already (its finish reason sent, or all of `max_tokens`: only the end lost)."""
         ctx, app = self._ctx, self._app
         tally = scanner.tally
-        failed = self._held.replica
-        self._held.release(failed=True, completion=tally.content_chunks)  # the replica broke its stream
         why = self._refusal(tally)
+        text = "".join(tally.text or ())
+        sent = self._tokens(text, tally) if why is None else tally.content_chunks
+        self._held.release(failed=True, completion=sent)  # the replica broke its stream
         if why is not None:
             return self._count("refused", why)
-        left = None if ctx.max_tokens is None else ctx.max_tokens - tally.content_chunks
-        if left is not None and left <= 0:
-            app.outcomes["whole"].inc()
+        left = None if ctx.max_tokens is None else ctx.max_tokens - sent
+        if tally.finish_reason is not None or (left is not None and left <= 0):
+            app.outcomes["whole"].inc()  # one finish per choice: nothing follows a finish reason
             return None
         assert ctx.tier is not None
-        self._tried.add(failed.name)
-        text = "".join(tally.text or ())
-        settings = ctx.config.routes.upstream
-        budget = app.pool.retries
-        for replica, tier in self._candidates(ctx.tier, ctx.prompt_tokens_est + tally.content_chunks):
+        self._tried.add(self._held.replica.name)
+        for replica, tier in self._candidates(ctx.tier, ctx.prompt_tokens_est + sent):
             if self._left <= 0:
                 return self._count("limit", "its attempts are used up")
-            if not budget.try_retry(ctx.config.routes.balancing.retry_budget):
+            if not may_try(ctx, app.pool, app.metrics, replica):
                 return self._count("budget", "the retry budget is exhausted")
             self._left -= 1
             self._tried.add(replica.name)
-            held = Lease(app.pool, replica, tier, ctx.prompt_tokens_est + tally.content_chunks, 0,
-                         ctx.config.routes.balancing)
-            response: Response | None = None
-            try:  # until the relay takes them, this attempt owns the lease and the response (as proxy's)
-                template = await app.template(replica, ctx.body, settings) if ctx.endpoint == "chat" else None
-                body = continuation_body(ctx.endpoint, ctx.body, text, tally.content_chunks, left, template)
-                response = await post(app.client, replica, PATHS["completions" if template else ctx.endpoint],
-                                      orjson.dumps({**body, "model": replica.model}), settings,
-                                      ctx.trace.headers() if ctx.trace is not None else None)
-                first = await first_bytes(response, replica)
-            except BaseException as err:
-                if response is not None:
-                    response.close()
-                held.release(failed=isinstance(err, Retry))
-                if not isinstance(err, Retry):
-                    raise
+            attempt = Attempt(ctx, app.pool, replica, tier=tier, tokens=ctx.prompt_tokens_est + sent, first=False)
+            try:
+                with attempt:  # the same attempt as the first part's: it owns the lease until the relay takes it
+                    template = await app.template(replica, ctx.body, ctx.config.routes.upstream) if ctx.endpoint == "chat" else None
+                    body = continuation_body(ctx.endpoint, ctx.body, text, sent, left, template)
+                    await attempt.post(app.client, PATHS["completions" if template else ctx.endpoint],
+                                       orjson.dumps({**body, "model": replica.model}))
+                    first = await attempt.first_bytes()
+            except Retry as err:
                 log.warning("resume_attempt_failed", request_id=ctx.request_id, backend=replica.name,
                             reason=err.error.message)
                 continue
-            held.first_byte()
-            return self._switch(scanner, held, replica, tier, response, first, code, template is not None)
+            return self._switch(scanner, attempt, tier, first, code, sent, template is not None)
         return self._count("no_replica", "no other replica could take it")
+
+    def _tokens(self, text: str, tally: StreamTally) -> int:
+        """The tokens the client has: the tier's tokenizer's count of the text sent, and at least one per content
+        chunk (a chunk may carry several tokens: vLLM's stream intervals, speculative decoding)."""
+        tier = self._ctx.tier
+        counted = self._app.counters.for_spec(tier.tokenizer).count(text) if tier is not None else 0
+        return max(tally.content_chunks, counted)
 
     def _refusal(self, tally: StreamTally) -> str | None:
         if tally.text is None:
@@ -170,24 +171,24 @@ class StreamResumer:
         return [(replica, t) for t in (tier, *later) for replica in self._app.pool.rank(t, tokens, balancing)
                 if replica.name not in self._tried]
 
-    def _switch(self, scanner: SseScanner, held: Lease, replica: Replica, tier: Tier, response: Response,
-                first: bytes, code: str, completions: bool) -> Continuation:
+    def _switch(self, scanner: SseScanner, attempt: Attempt, tier: Tier, first: bytes, code: str, sent: int,
+                completions: bool) -> Continuation:
         """Hand the relay the next part, and record it in the context."""
-        ctx, tally = self._ctx, scanner.tally
+        ctx = self._ctx
+        replica = attempt.replica
         assert ctx.replica is not None and ctx.tier is not None
         if not ctx.resumed_parts:
             ctx.resumed_parts.append(ResumePart(ctx.replica.name, ctx.tier, 0))
-        ctx.resumed_parts.append(ResumePart(replica.name, tier, tally.content_chunks))
+        ctx.resumed_parts.append(ResumePart(replica.name, tier, sent))
         ctx.replica = replica
-        ctx.attempts += 1
         ctx.cache_key = None  # a resumed answer is never stored: it is two generations
         log.info("stream_resumed", request_id=ctx.request_id, backend=replica.name, tier=tier.name, reason=code,
-                 sent=tally.content_chunks, part=len(ctx.resumed_parts))
+                 sent=sent, part=len(ctx.resumed_parts))
         self._app.outcomes["resumed"].inc()
-        self._held = held
-        sent = tuple(part.sent_before for part in ctx.resumed_parts)
-        continued = ContinuationScanner(scanner, sent, completions=completions)
-        return Continuation(response, first, continued, ResumedSink(ctx, held, self._app.count_tokens, sent))
+        response, self._held = attempt.hand_over()
+        before = tuple(part.sent_before for part in ctx.resumed_parts)
+        continued = ContinuationScanner(scanner, before, completions=completions)
+        return Continuation(response, first, continued, ResumedSink(ctx, self._held, self._app.count_tokens, before))
 
     def _count(self, outcome: str, why: str) -> str:
         self._app.outcomes[outcome].inc()
@@ -196,8 +197,10 @@ class StreamResumer:
 
 
 class ResumedSink(ContextSink):
-    """The context sink of a continuation: the gateway's own counts (a backend that sends no usage) cover every
-    part's prompt (the original prompt plus the text sent before that part), not the first one's only."""
+    """The context sink of a continuation. The client's usage describes its request: the prompt once, every token
+    sent (`ContinuationScanner`, or the gateway's counts for a backend that sends none). The context keeps the
+    work done, which accounting prices: part i read the original prompt P plus the k_i tokens sent before it,
+    so the prompt total is n*P + sum(k_i) (`part_tokens` splits it back)."""
 
     __slots__ = ("_sent",)
 
@@ -207,21 +210,25 @@ class ResumedSink(ContextSink):
         self._sent = sent
 
     def counted_usage(self, tally: StreamTally) -> dict[str, int]:
-        usage = super().counted_usage(tally)
-        self._count_parts()
-        prompt, completion = self._ctx.prompt_tokens or 0, self._ctx.completion_tokens or 0
-        return {**usage, "prompt_tokens": prompt, "total_tokens": prompt + completion}
+        usage = super().counted_usage(tally)  # the client's: the prompt counted once
+        self._as_work()
+        return usage
 
     def closed(self, tally: StreamTally, end: StreamEnd) -> None:
         super().closed(tally, end)
         if self._ctx.usage_source is None and self._ctx.upstream_started:
             self._count_tokens(self._ctx)
-            self._count_parts()
+            self._as_work()
 
-    def _count_parts(self) -> None:
-        """The counted prompt (the original one) made every part's: each read it and the text sent before it."""
+    def _settle(self, tally: StreamTally) -> None:
+        super()._settle(tally)
+        if tally.usage is not None:  # the backend's usage, as the client has it (`ContinuationScanner._merged`)
+            self._as_work()
+
+    def _as_work(self) -> None:
+        """The request's prompt (P, the client's) made every part's: n*P + sum(k_i)."""
         ctx = self._ctx
-        if ctx.usage_source == "counted" and ctx.prompt_tokens is not None:
+        if ctx.prompt_tokens is not None:
             ctx.prompt_tokens = ctx.prompt_tokens * len(self._sent) + sum(self._sent)
 
 
@@ -233,19 +240,6 @@ def part_tokens(ctx: RequestContext) -> list[tuple[ResumePart, int, int]]:
     prompt = ((ctx.prompt_tokens or 0) - sum(sent)) // len(parts)
     ends = [*sent[1:], max(ctx.completion_tokens or 0, sent[-1])]
     return [(part, prompt + part.sent_before, end - part.sent_before) for part, end in zip(parts, ends, strict=True)]
-
-
-async def first_bytes(response: Response, replica: Replica) -> bytes:
-    """The first bytes of a streamed answer (`Retry` when none came); the attempt closes the response on failure."""
-    try:
-        first = await response.readany()
-    except TimeoutError:
-        raise Retry(UpstreamTimeout(f"backend {replica.name} sent no first byte in time")) from None
-    except ClientFailure as err:
-        raise Retry(UpstreamError(f"backend {replica.name} failed before the first byte: {err}")) from None
-    if not first:
-        raise Retry(UpstreamError(f"backend {replica.name} closed the stream before the first byte"))
-    return first
 
 
 def priced_parts(ctx: RequestContext, day: date) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """What the backend answered, written into the request's context: a relayed stream's tally (`ContextSink`,
-which also ends the replica's lease) and the usage a backend reports."""
+the client's sink: it also ends the replica's lease), the usage a backend reports, and the work of an attempt
+the client left before its answer came (`price_abandoned`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import structlog
 
 from gateway.backends.pool import Lease
 from gateway.backends.relay import StreamEnd
+from gateway.backends.stats import ReplicaStats
 from gateway.context import RequestContext
 from gateway.sse import StreamTally
 
@@ -79,3 +81,28 @@ def apply_usage(ctx: RequestContext, usage: object) -> None:
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         ctx.cached_tokens = cached if isinstance(cached, int) else 0
+
+
+def price_abandoned(ctx: RequestContext, stats: ReplicaStats, elapsed_s: float) -> None:
+    """A client left an attempt before its answer came, `elapsed_s` after it was sent: the backend had read
+    the prompt (accounting counts it with the tier's tokenizer) and wrote, per output, about one token at
+    its first-token time and one more each TPOT since (the replica's measured decode rate), up to
+    max_tokens. No measured rate: the prompt only. A stream (the relay did not take it over yet) had
+    sent no byte: it wrote nothing yet (its first token is sent as soon as it is made)."""
+    ctx.completion_tokens = 0
+    ctx.priced_from = "prompt_only"  # the backend had the request: its work is priced (accounting)
+    if ctx.stream:
+        return
+    tpot = stats.tpot_s
+    if tpot is None or tpot <= 0:
+        return
+    ttft = ctx.predicted_ttft_s if ctx.predicted_ttft_s is not None and ctx.attempts == 1 else stats.ttft_s
+    decoding = elapsed_s - (ttft or 0.0)
+    if decoding < 0:
+        per_output = 0
+    else:
+        per_output = 1 + int(decoding / tpot)
+        if ctx.max_tokens is not None:
+            per_output = min(per_output, ctx.max_tokens)
+    ctx.completion_tokens = per_output * outputs(ctx)[1]
+    ctx.priced_from = "estimated_decode_rate"

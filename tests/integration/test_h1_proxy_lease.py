@@ -1,4 +1,4 @@
-"""The proxy stage's attempt has one owner of the replica's lease and of the upstream response until the relay
+"""The upstream attempt has one owner of the replica's lease and of the upstream response until the relay
 takes both (issue 29): an exception after the first byte and before the relay exists releases the lease once
 and closes the upstream connection (the replica sees the cancel), instead of leaking both."""
 
@@ -47,7 +47,7 @@ async def test_a_failure_before_the_relay_exists_releases_the_lease_and_closes_t
 
     server = await asyncio.start_server(replica, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    monkeypatch.setattr(f"gateway.stages.proxy.{where}", raising)
+    monkeypatch.setattr(f"gateway.upstream.hop.{where}", raising)
     app = create_app(gateway_config([tier("t", [f"http://127.0.0.1:{port}/v1"])]))
     try:
         url = await start_app(app)

@@ -3,10 +3,10 @@ continuation's template call keep it after their path, as the upstream client do
 
 from __future__ import annotations
 
-import aiohttp
 from aiohttp import web
 
 from gateway.backends.pool import ReplicaPool
+from gateway.backends.h1 import UpstreamClient
 from gateway.backends.probe import Prober
 from gateway.backends.urls import with_path, without_suffix
 from gateway.testing.builders import gateway_config, tier
@@ -40,8 +40,11 @@ async def test_the_health_probe_asks_models_with_the_replica_query() -> None:
         pool = ReplicaPool()
         replica = config.routes.tiers[0].replicas[0]
         pool.state(replica, config.routes.tiers[0]).healthy = False
-        async with aiohttp.ClientSession() as session:
-            await Prober(session, pool, lambda: config).check_health("small", replica)
+        client = UpstreamClient()
+        try:
+            await Prober(client, pool, lambda: config).check_health("small", replica)
+        finally:
+            await client.close()
         assert seen == ["/openai/deployments/d/models?api-version=2024-10-21"]
         assert pool.state(replica).healthy
     finally:

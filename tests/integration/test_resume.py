@@ -23,6 +23,7 @@ from tests.conftest import StartApp, StartEmulator, StartGateway
 AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
 TRIALS = 200
 BALANCING = {"retry_budget": {"ratio": 1.0, "min_per_s": 1000}}
+EMULATED = "emulator"  # the tier counts tokens as its replicas do: a resume counts the tokens sent with it
 
 
 def _body(question: str, **extra: object) -> dict:
@@ -49,7 +50,7 @@ async def _two_replicas(start_emulator: StartEmulator) -> tuple:
 async def test_200_streams_cut_at_random_tokens_complete_as_if_never_cut(
         start_emulator: StartEmulator, start_gateway: StartGateway) -> None:
     a, b = await _two_replicas(start_emulator)
-    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"])], balancing=BALANCING))
+    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer=EMULATED)], balancing=BALANCING))
     rng = random.Random(32)
     resumed = 0
     uncut_s = cut_s = 0.0  # the time of the reference streams and of the cut (continued) ones
@@ -97,7 +98,7 @@ async def test_the_log_line_prices_each_part_and_the_metric_counts_the_resume(
     a, b = await _two_replicas(start_emulator)
     for emulator in (a, b):
         emulator.engine.faults.config = FaultConfig(disconnect_after_tokens=5)
-    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"])]))
+    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer=EMULATED)]))
     async with aiohttp.ClientSession() as session:
         with capture_logs() as logs:
             status, events, _ = await _stream(session, gateway, _body("price me", max_tokens=20, ignore_eos=True))
@@ -113,7 +114,7 @@ async def test_the_log_line_prices_each_part_and_the_metric_counts_the_resume(
     assert abs(line["cost_usd"] - (first["cost_usd"] + second["cost_usd"])) < 1e-12
     assert {first["replica"], second["replica"]} == {"t-0", "t-1"} and line["backend"] == second["replica"]
     usage = next(e["usage"] for e in events if e.get("usage"))
-    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (line["prompt_tokens"], 20)
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (first["prompt_tokens"], 20)  # the client's request
     assert 'gateway_stream_resumes_total{outcome="resumed"} 1.0' in metrics
 
 
@@ -134,7 +135,7 @@ async def test_a_request_offering_tools_is_never_resumed(start_emulator: StartEm
                                                          start_gateway: StartGateway) -> None:
     a, b = await _two_replicas(start_emulator)
     a.engine.faults.config = b.engine.faults.config = FaultConfig(disconnect_after_tokens=3)
-    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"])]))
+    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer=EMULATED)]))
     async with aiohttp.ClientSession() as session:
         body = _body("tools", ignore_eos=True, tools=[{"type": "function", "function": {"name": "f",
                                                                                         "parameters": {}}}])
@@ -146,7 +147,7 @@ async def test_a_tenant_that_turned_resuming_off_gets_the_error_as_before(
         start_emulator: StartEmulator, start_gateway: StartGateway) -> None:
     a, b = await _two_replicas(start_emulator)
     a.engine.faults.config = b.engine.faults.config = FaultConfig(disconnect_after_tokens=3)
-    config = gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"])], policy={"resume": {"enabled": False}})
+    config = gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer=EMULATED)], policy={"resume": {"enabled": False}})
     gateway = await start_gateway(config)
     async with aiohttp.ClientSession() as session:
         status, _, raw = await _stream(session, gateway, _body("off", ignore_eos=True))
@@ -172,7 +173,7 @@ async def test_the_attempt_limit_holds_when_every_continuation_fails(
 async def test_anthropic_messages_stream_through_a_resume(
         start_emulator: StartEmulator, start_gateway: StartGateway) -> None:
     a, b = await _two_replicas(start_emulator)
-    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"])]))
+    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer=EMULATED)]))
     body = {"model": "t", "max_tokens": 30, "stream": True, "messages": [{"role": "user", "content": "claude?"}]}
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{gateway}/v1/messages", json=body, headers={"x-api-key": TEST_API_KEY}) as r:
@@ -242,8 +243,9 @@ async def test_a_json_answer_that_breaks_off_is_retried_whole_on_the_next_replic
 @pytest.mark.parametrize("asks_usage", [True, False])
 async def test_a_backend_without_usage_is_counted_for_every_part(
         start_emulator: StartEmulator, start_gateway: StartGateway, asks_usage: bool) -> None:
-    """llama.cpp-like backends send no usage: the gateway's own count covers each part's prompt (the original
-    prompt, then that prompt plus the 5 tokens sent), and all 20 completion tokens."""
+    """llama.cpp-like backends send no usage: the gateway's own count. The client's usage: its prompt once and all
+    20 completion tokens; the log line: each part's prompt (the original prompt, then that prompt plus the 5
+    tokens sent)."""
     a, b = await _two_replicas(start_emulator)
     counted = tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer="emulator")
     gateway = await start_gateway(gateway_config([counted]))
@@ -258,7 +260,7 @@ async def test_a_backend_without_usage_is_counted_for_every_part(
     original = next(e["usage"] for e in whole if e.get("usage"))["prompt_tokens"]
     usages = [e["usage"] for e in events if e.get("usage")]
     if asks_usage:
-        assert [(u["prompt_tokens"], u["completion_tokens"]) for u in usages] == [(2 * original + 5, 20)]
+        assert [(u["prompt_tokens"], u["completion_tokens"]) for u in usages] == [(original, 20)]
     else:
         assert usages == []
     line = next(e for e in logs if e["event"] == "request")
@@ -270,7 +272,7 @@ async def test_a_stream_that_lost_only_its_end_is_ended_by_the_gateway(
         start_emulator: StartEmulator, start_gateway: StartGateway) -> None:
     a, b = await _two_replicas(start_emulator)
     a.engine.faults.config = b.engine.faults.config = FaultConfig(disconnect_after_tokens=10)
-    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"])]))
+    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer=EMULATED)]))
     async with aiohttp.ClientSession() as session:
         with capture_logs() as logs:
             status, events, raw = await _stream(session, gateway, _body("ten", max_tokens=10, ignore_eos=True))
@@ -283,7 +285,7 @@ async def test_a_stream_that_lost_only_its_end_is_ended_by_the_gateway(
 
 async def test_responses_stream_through_a_resume(start_emulator: StartEmulator, start_gateway: StartGateway) -> None:
     a, b = await _two_replicas(start_emulator)
-    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"])]))
+    gateway = await start_gateway(gateway_config([tier("t", [f"{a.url}/v1", f"{b.url}/v1"], tokenizer=EMULATED)]))
     body = {"model": "t", "max_output_tokens": 30, "stream": True, "input": "responses?"}
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{gateway}/v1/responses", json=body, headers=AUTH) as r:

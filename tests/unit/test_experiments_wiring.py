@@ -29,6 +29,7 @@ from gateway.stages.admission import AdmissionStage
 from gateway.stages.affinity import AffinityStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
+from gateway.upstream.hop import UpstreamHop
 from gateway.stages.route import RouteStage
 from gateway.testing import TEST_API_KEY, TEST_TENANT, gateway_config, parsed_context, tier
 from gateway.tokens import TokenCounters
@@ -172,7 +173,7 @@ async def test_the_shadow_send_never_waits_for_a_slot_nor_serves_an_unknown_tier
     cfg = config()
     pool.configure(cfg.routes)
     admission = AdmissionStage(pool, metrics, AffinityStage(pool, None, None))  # type: ignore[arg-type]
-    proxy = ProxyStage(None, pool, None, metrics, lambda ctx: None)  # type: ignore[arg-type]
+    proxy = ProxyStage(UpstreamHop(None, pool, None, metrics, lambda ctx: None))  # type: ignore[arg-type]
     send = GatewaySend(lambda: cfg, pool, admission, proxy, lambda ctx: None)
     ctx = RequestContext("r", "chat", cfg, b"", None, time.perf_counter(), time.time())
     gate = admission.gate(ctx, cfg.tiers["large"])

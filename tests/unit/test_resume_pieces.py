@@ -7,7 +7,7 @@ import random
 import orjson
 import pytest
 
-from gateway.backends.resume import ContinuationScanner, continuation_body, not_resumable
+from gateway.upstream.continuation import ContinuationScanner, continuation_body, not_resumable
 from gateway.emulator import PROFILES, Engine
 from gateway.emulator.parse import BadRequest, parse_body
 from gateway.emulator.tokens import detokenize
@@ -68,8 +68,9 @@ def test_the_splice_keeps_the_first_parts_id_drops_the_role_chunk_and_sums_usage
     assert len(events) == 2  # the role chunk is gone
     assert all(e["id"] == "chatcmpl-1" and e["created"] == 1 and e["model"] == "a" for e in events)
     assert events[0]["choices"][0]["delta"] == {"content": " three"}
-    # the first part read the prompt (10) and wrote 2; this one read 10 + 2 and wrote 1
-    assert events[1]["usage"] == {"prompt_tokens": 22, "completion_tokens": 3, "total_tokens": 25}
+    # the first part read the prompt (10) and wrote 2; this one read 10 + 2 and wrote 1: the client's usage
+    # describes its request, the prompt once (the log line prices both parts' prompts: gateway.upstream.resume)
+    assert events[1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
     tally = spliced.tally
     assert tally.content_chunks == 3 and "".join(tally.text or ()) == " one two three"
     assert tally.finish_reason == "stop" and tally.head["id"] == "chatcmpl-1"
@@ -132,6 +133,13 @@ def test_a_chat_continued_on_completions_sends_the_rendered_prompt_and_its_text(
     assert body["prompt"] == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n The answer"
     assert "messages" not in body and "tools" not in body and "continue_final_message" not in body
     assert body["max_tokens"] == 38 and "max_completion_tokens" not in body and body["temperature"] == 0
+
+
+def test_a_chat_continued_on_completions_keeps_its_response_format() -> None:
+    """What the client asked of the answer's shape goes with it to /completions (issue 38: it was dropped)."""
+    shape = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    body = continuation_body("chat", {**CHAT, "response_format": shape}, ' {"a":', 3, 10, template="<model>\n")
+    assert body["response_format"] == shape and body["prompt"] == '<model>\n {"a":'
 
 
 def test_completion_chunks_of_a_continued_chat_become_chat_chunks() -> None:

@@ -12,7 +12,7 @@ from gateway.config import Tier
 from gateway.context import RequestContext
 from gateway.errors import Overloaded
 from gateway.metrics import GatewayMetrics
-from gateway.stages.failover import failover
+from gateway.upstream.attempt import failover
 from gateway.testing import gateway_config, request_context, tier
 
 EMBEDDER = Tier.model_validate({"name": "minilm", "precision": "fp32", "context_window": 256,
