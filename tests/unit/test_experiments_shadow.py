@@ -51,7 +51,7 @@ class Recorder:
 class WordEmbedder:
     """Bag of words: texts sharing words point the same way."""
 
-    async def embed_many(self, texts: Sequence[str]) -> tuple[list[Embedding], int]:
+    async def embed_many(self, texts: Sequence[str], *, scope: str = "") -> tuple[list[Embedding], int]:
         out = []
         for text in texts:
             vector = np.zeros(64, dtype=np.float32)
