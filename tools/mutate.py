@@ -100,10 +100,11 @@ TARGETS: tuple[Target, ...] = (
            only=("gateway.http.x_serve__mutmut_*", "gateway.http.x__stream__mutmut_*",
                  "gateway.http.x__write_behind__mutmut_*", "gateway.http.x__error__mutmut_*"),
            note="serve, _stream, _write_behind, _error: the status each request is logged with"),
-    Target("reading", ("gateway/reading.py",), (U + "test_reading.py", U + "test_stage_cache.py"),
+    Target("reading", ("gateway/reading.py",),
+           (U + "test_reading.py", U + "test_reading_property.py", U + "test_stage_cache.py", U + "test_parse.py"),
            note="the request reading (issue 42): mutated once the module exists"),
     Target("cache-keys", ("gateway/cache/keys.py",),
-           (U + "test_stage_cache.py", U + "test_mutants_cache_keys.py", I + "test_response_cache.py")),
+           (U + "test_reading.py", U + "test_stage_cache.py", U + "test_mutants_cache_keys.py")),
 )
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into what the score counts
