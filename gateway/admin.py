@@ -70,10 +70,11 @@ async def admin_explain(request: web.Request) -> web.Response:
             raise InvalidRequest("'request' must be an OpenAI request body", param="request")
         endpoint: Endpoint = "completions" if payload.get("endpoint") == "completions" else "chat"
         session_id = payload.get("session_id")  # the conversation's x-session-id, to see what its session holds
+        steps = gateway.path.routing_steps() if gateway.path is not None else None  # the serving steps, dry
         report = await explain(gateway.config, payload["tenant"], body, endpoint=endpoint, scorer=gateway.scorer,
-                               pool=gateway.pool, responses=gateway.responses, sessions=gateway.sessions,
+                               pool=gateway.pool, responses=gateway.responses, steps=steps,
                                session_header=session_id if isinstance(session_id, str) else None,
-                               predictor=gateway.predictor)
+                               predictor=gateway.predictor, live=True)
     except GatewayError as err:
         return refuse(request, err)
     return web.Response(body=orjson.dumps(report), content_type=JSON)

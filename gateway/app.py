@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 
 from gateway import admin, http
@@ -37,21 +36,24 @@ from gateway.limits.limiter import Limiter
 from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
+from gateway.routing.affinity import AffinityStage
+from gateway.routing.detour import DetourStage
+from gateway.routing.ranking import RankStage
+from gateway.routing.session import SessionStage
+from gateway.routing.tiers import RouteStage
 from gateway.routing.sessions import SessionStore
 from gateway.stages.account import Accountant
 from gateway.stages.admission import AdmissionStage
-from gateway.stages.affinity import AffinityStage
 from gateway.stages.cache import CacheStage
 from gateway.stages.classify import ClassifyStage
-from gateway.stages.embed import EmbedStage, RemoteEmbeddings
+from gateway.stages.embed import EmbedStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
-from gateway.stages.route import RouteStage
-from gateway.stages.session import SessionStage
 from gateway.state import GATEWAY, Gateway
 from gateway.tokens import TokenCounters
 from gateway.types import DifficultyScorer, QualityPredictor
+from gateway.upstream.embeddings import RemoteEmbeddings
 from gateway.upstream.hop import UpstreamHop
 
 if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded
@@ -130,19 +132,24 @@ def _request_path(gateway: Gateway, upstream: UpstreamClient, redis_url: str | N
             semantic, sentences = shared
     if sentences is None and any(t.embedder for t in config.routes.tiers):
         sentences = _sentences(scorer, gateway.redis)
-    affinity = AffinityStage(pool, prefixes, writes)
+    affinity = AffinityStage(prefixes, writes)
+    rank = RankStage(pool, affinity)
     count_tokens = gateway.accountant.count_tokens
-    admission = AdmissionStage(pool, metrics, affinity)
+    admission = AdmissionStage(pool, metrics, rank)
     proxy = ProxyStage(UpstreamHop(upstream, pool, watchdog, metrics, count_tokens, gateway.accountant.counters))
     record_owner, shadow_tap = _experiments(gateway, admission, proxy, shadow_pairs)
-    gateway.sessions = SessionStage(SessionStore(gateway.redis), pool)  # in process only without Redis
+    gateway.sessions = SessionStage(SessionStore(gateway.redis), writes.spawn)  # in process only without Redis
     path = RequestPath(
         parse=ParseStage(),
         policy=PolicyStage(_limiter(gateway, writes), record_owner),
         classify=ClassifyStage(scorer, gateway.predictor),
-        route=RouteStage(pool, shadow_tap, gateway.sessions),
+        route=RouteStage(),
+        session=gateway.sessions,
+        detour=DetourStage(pool),
+        shadow=shadow_tap,
         cache=CacheStage(gateway.responses, semantic),
         affinity=affinity,
+        rank=rank,
         admission=admission,
         embed=EmbedStage(sentences, count_tokens, RemoteEmbeddings(
             upstream, pool, metrics, Vectors(gateway.redis, writes) if gateway.redis is not None else None)),

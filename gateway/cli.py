@@ -137,6 +137,11 @@ def _parser() -> argparse.ArgumentParser:
                          "(default: none, the session of the prompt alone)")
     explain.add_argument("--redis", metavar="URL",
                          help="the gateway's Redis, where sessions are kept (default: none, sessions not looked up)")
+    explain.add_argument("--url", metavar="URL",
+                         help="ask the running gateway at URL (POST /admin/explain): its live replica health and load, "
+                         "its sessions (default: none, decided from the files; replica health unknown)")
+    explain.add_argument("--admin-key", metavar="KEY", default=None,
+                         help="the admin API key for --url (default: $GATEWAY_ADMIN_KEY)")
     explain.set_defaults(handler=_route_explain)
     score = route.add_parser(
         "score", help="predict each tier's answer quality for a JSONL of prompts, and the gain",
@@ -158,9 +163,10 @@ def _parser() -> argparse.ArgumentParser:
     policy = commands.add_parser("policy", help="policy file tools").add_subparsers()
     check = policy.add_parser(
         "check", help="validate routes and policy files as the server does, cross-file rules included (exit 1 if "
-        "any is invalid)", description="Each policy is checked with --routes, else the routes file of the same name "
-        "among PATHS, else the only routes file among them, else routes/<its name> beside its folder; without one, "
-        "the output says which cross-file checks were skipped.")
+        "any is invalid, or a policy has no valid routes file)", description="Each policy is checked with --routes, "
+        "else the routes file of the same name among PATHS, else the only routes file among them, else routes/<its "
+        "name> beside its folder; without one, or beside an invalid one, the check fails (exit 1) as the server "
+        "would refuse the pair, and says why.")
     check.add_argument("paths", nargs="+", type=Path, metavar="PATHS", help="routes and policy files")
     check.add_argument("--routes", type=Path, metavar="FILE", help="check every policy against this routes file")
     check.add_argument("--previous", type=Path, metavar="FILE", help="the policy serving now: refuse what a reload "
@@ -375,22 +381,51 @@ def _emulate(args: argparse.Namespace) -> int:
 
 async def _explained(config: GatewayConfig, args: argparse.Namespace, body: dict[str, Any], scorer: Any,
                      predictor: Any) -> dict[str, Any]:
-    """The explain report, with the session `--session-id` names looked up in `--redis` when given."""
+    """The explain report from the files, with the session `--session-id` names looked up in `--redis` when given."""
     from gateway.backends.pool import ReplicaPool
     from gateway.cache.connection import connect
     from gateway.cache.guard import RedisGuard
-    from gateway.routing.explain import explain
+    from gateway.routing.explain import explain, file_steps
     from gateway.routing.sessions import SessionStore
-    from gateway.stages.session import SessionStage
 
     guard = RedisGuard(connect(args.redis), op_timeout_s=2.0) if args.redis else None
     try:
-        sessions = SessionStage(SessionStore(guard), ReplicaPool()) if guard is not None else None
-        return await explain(config, args.tenant, body, scorer=scorer, predictor=predictor, sessions=sessions,
+        pool = ReplicaPool()
+        steps = file_steps(pool, SessionStore(guard) if guard is not None else None)
+        return await explain(config, args.tenant, body, scorer=scorer, predictor=predictor, pool=pool, steps=steps,
                              session_header=args.session_id)
     finally:
         if guard is not None:
             await guard.client.aclose()
+
+
+def _asked(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
+    """The report of the running gateway at `--url` (POST /admin/explain); ValueError saying why there is none."""
+    import json
+    import os
+    import urllib.error
+    import urllib.request
+
+    key = args.admin_key or os.environ.get("GATEWAY_ADMIN_KEY")
+    if not key:
+        raise ValueError("--url needs the admin API key: --admin-key KEY or GATEWAY_ADMIN_KEY")
+    payload = {"tenant": args.tenant, "request": body, **({"session_id": args.session_id} if args.session_id else {})}
+    url = args.url.rstrip("/")
+    url = url[:-3] if url.endswith("/v1") else url
+    request = urllib.request.Request(f"{url}/admin/explain", data=json.dumps(payload).encode(), method="POST",
+                                     headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            report: dict[str, Any] = json.loads(answer.read())
+            return report
+    except urllib.error.HTTPError as err:
+        try:
+            message = json.loads(err.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = err.reason
+        raise ValueError(f"{url}/admin/explain answered {err.code}: {message}") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise ValueError(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
 
 
 def _route_explain(args: argparse.Namespace) -> int:
@@ -402,22 +437,29 @@ def _route_explain(args: argparse.Namespace) -> int:
     from gateway.routing.explain_text import lines
     from gateway.routing.tools import serving_predictor
 
-    config = _load(args)
-    if config is None:
-        return 1
     body = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}]}
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
-    scorer = _scorer(config)
-    predictor = serving_predictor(config, scorer)
-    try:
-        report = asyncio.run(_explained(config, args, body, scorer, predictor))
-    except GatewayError as err:
-        print(f"error: {err.message}", file=sys.stderr)
-        return 1
-    finally:
-        if predictor is not None:
-            predictor.close()
+    if args.url:
+        try:
+            report = _asked(args, body)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    else:
+        config = _load(args)
+        if config is None:
+            return 1
+        scorer = _scorer(config)
+        predictor = serving_predictor(config, scorer)
+        try:
+            report = asyncio.run(_explained(config, args, body, scorer, predictor))
+        except GatewayError as err:
+            print(f"error: {err.message}", file=sys.stderr)
+            return 1
+        finally:
+            if predictor is not None:
+                predictor.close()
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else "\n".join(lines(report)))
     return 0 if report["decision"]["status"] == 200 else 2
 
@@ -454,4 +496,4 @@ def _policy_check(args: argparse.Namespace) -> int:
     results = check_paths(args.paths, args.routes, args.previous)
     for result in results:
         print("\n".join(result.lines()))
-    return 1 if any(result.issues for result in results) else 0
+    return 0 if all(result.ok for result in results) else 1

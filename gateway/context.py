@@ -55,6 +55,7 @@ class RequestContext:
     route_reason: str | None = None  # why model 'auto' went to its tier (route)
     tier: Tier | None = None
     candidates: tuple[Replica, ...] = ()
+    explored: Replica | None = None  # the replica exploration put first (gateway.routing.ranking)
     prompt_tokens_est: int = 0  # the prompt's length in tokens, guessed from its characters (for routing)
     prefix_blocks: int = 0  # blocks of the prompt's prefix known to be warm on the chosen replica
     prefix_replica: str | None = None  # the replica holding that prefix
@@ -80,7 +81,7 @@ class RequestContext:
     keep_text: bool = False  # collect a streamed answer's text (a shadow comparison needs it)
     resumed_parts: list[Any] = field(default_factory=list)  # a resumed stream's parts (gateway.upstream.resume)
     session_header: str | None = None  # the client's x-session-id (the edge)
-    session: str | None = None  # the sticky-tier session the request belongs to (gateway.stages.session)
+    session: str | None = None  # the sticky-tier session the request belongs to (gateway.routing.session)
     session_route: str | None = None  # new, kept, upgraded, or held (the session's tier served, not the routed one)
     session_from: str | None = None  # when held: the tier the turn was routed to
     first_token_at: float | None = None

@@ -1,6 +1,11 @@
 """The request path: the stages every request runs through, in order, and what runs after the answer.
 
-    parse → policy → classify → route → cache → affinity → admission → embed → proxy,  then  account → finishers
+    parse → policy → classify → route → session → detour → shadow → cache → affinity → rank → admission → embed
+    → proxy,  then  account → finishers
+
+The route is its steps (gateway.routing), each a field here: the candidate tier, the session's tier, the detour
+around a tier that is down, then (after the cache: a hit needs no replica) the prefix's replica and the one
+ranking of the replicas. Those with a dry run (`RoutingStep`) are what `route explain` runs (`routing_steps`).
 
 A stage returns a reply to stop the request there (a cache hit, an embedding, the proxied answer), None
 to go on, or raises a GatewayError to refuse it (the edge renders the error). Whatever happened, the edge
@@ -23,16 +28,20 @@ import structlog
 
 from gateway.context import RequestContext, Trace
 from gateway.errors import GatewayError
+from gateway.experiments.serving import ShadowTap
+from gateway.routing.affinity import AffinityStage
+from gateway.routing.detour import DetourStage
+from gateway.routing.ranking import RankStage
+from gateway.routing.session import SessionStage
+from gateway.routing.tiers import RouteStage
 from gateway.stages.account import Accountant
 from gateway.stages.admission import AdmissionStage
-from gateway.stages.affinity import AffinityStage
 from gateway.stages.cache import CacheStage
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.embed import EmbedStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
-from gateway.stages.route import RouteStage
 from gateway.tracing import ADMISSION, CACHE, CLASSIFICATION, UPSTREAM
 from gateway.types import Reply
 
@@ -43,6 +52,12 @@ class Stage(Protocol):
     """One step of the request path: returns a reply to stop there, None to go on; raises to refuse."""
 
     async def __call__(self, ctx: RequestContext) -> Reply | None: ...
+
+
+class RoutingStep(Stage, Protocol):
+    """A step of the route: also runs dry, deciding the same from the same state, recording nothing."""
+
+    async def dry(self, ctx: RequestContext) -> None: ...
 
 
 def traced(span: str) -> dict[str, str]:
@@ -59,9 +74,13 @@ class RequestPath:
     policy: PolicyStage  # the tenant from the API key; its limits, rate limit and budget
     # difficulty, for model 'auto' under a policy with bands
     classify: ClassifyStage = field(metadata=traced(CLASSIFICATION))
-    route: RouteStage  # the tier, and its replicas ranked by predicted TTFT
+    route: RouteStage  # the candidate tier: the model named, or 'auto' by quality floor, band or default
+    session: SessionStage  # the conversation's tier when above the routed one (it only moves up)
+    detour: DetourStage  # 'auto' on a tier with no healthy replica: the nearest healthy tier
+    shadow: ShadowTap  # the tier known: whether this answer is also asked of the shadow tier
     cache: CacheStage = field(metadata=traced(CACHE))  # a stored answer to a repeated deterministic request
-    affinity: AffinityStage  # the replica holding the prompt's prefix first, when worth it
+    affinity: AffinityStage  # the replica holding the prompt's prefix (a lookup)
+    rank: RankStage  # the tier's replicas ranked once: predicted TTFT, exploration, the warm prefix
     # a slot of the tier within the tenant's TTFT objective, or shed
     admission: AdmissionStage = field(metadata=traced(ADMISSION))
     embed: EmbedStage  # /v1/embeddings on a tier served in process
@@ -73,6 +92,10 @@ class RequestPath:
     def stages(self) -> tuple[Stage, ...]:
         stages: tuple[Stage, ...] = _STAGES(self)
         return stages
+
+    def routing_steps(self) -> tuple[RoutingStep, ...]:
+        """The route's steps, in order: what `route explain` runs dry."""
+        return (self.route, self.session, self.detour, self.affinity, self.rank)
 
     async def run(self, ctx: RequestContext) -> Reply:
         """Run the stages in order until one replies."""

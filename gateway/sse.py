@@ -96,7 +96,7 @@ class SseScanner:
             out = self._inspect(raw)
             return data if out is raw else b"" if out is None else out + b"\n\n"
         buf = self._pending + data if self._pending else data
-        end = _complete_prefix_end(buf)
+        end = complete_prefix_end(buf)
         if end == 0:
             self._pending = buf
             return b""
@@ -123,7 +123,7 @@ class SseScanner:
 
     def _inspect(self, raw: bytes) -> bytes | None:
         """Tally one event: the bytes to forward for it (itself, or a trimmed copy), or None to drop it."""
-        payload = _data_of(raw)
+        payload = data_of(raw)
         if payload is None:
             return raw  # comment or non-data field: forwarded as is
         if payload == DONE:
@@ -263,14 +263,14 @@ class SseScanner:
         return b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n"
 
 
-def _complete_prefix_end(buf: bytes) -> int:
+def complete_prefix_end(buf: bytes) -> int:
     """Length of the prefix of `buf` made of complete events."""
     lf = buf.rfind(b"\n\n")
     crlf = buf.rfind(b"\r\n\r\n")
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
-def _data_of(raw: bytes) -> bytes | None:
+def data_of(raw: bytes) -> bytes | None:
     """The joined `data:` field of one event (None when it has none)."""
     if raw.startswith(b"data: ") and b"\n" not in raw:
         return raw[6:]

@@ -18,7 +18,7 @@ from gateway.limits.replicas import Replicas
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
 from gateway.stages.account import Accountant
-from gateway.stages.session import SessionStage
+from gateway.routing.session import SessionStage
 from gateway.types import DifficultyScorer, QualityPredictor
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on

@@ -22,7 +22,7 @@ class ReplicaPool:
     def __init__(self, seed: int | None = None) -> None:
         self._states: dict[str, ReplicaStats] = {}
         self._picks = itertools.count(1)
-        self._turns = itertools.count()
+        self._turn = 0  # round robin: where the next ranking starts
         self._random = random.Random(seed)
         self.retries = RetryBudget()
 
@@ -53,24 +53,40 @@ class ReplicaPool:
         """The fixed TTFT overhead of a replica not tried yet: its tier's mean (None: nothing seen)."""
         return _mean_overhead([self.state(r, tier) for r in tier.replicas])
 
+    def next_pick(self) -> int:
+        """The next pick's number (a lease's `last_pick`: exact ties go to the least recently picked)."""
+        return next(self._picks)
+
     def rank(self, tier: Tier, tokens: int, balancing: Balancing, now: float | None = None) -> tuple[Replica, ...]:
+        """The tier's replicas ranked (`ranking`, without saying which one exploration put first)."""
+        return self.ranking(tier, tokens, balancing, now)[0]
+
+    def ranking(self, tier: Tier, tokens: int, balancing: Balancing, now: float | None = None, *,
+                keep: Replica | None = None, dry: bool = False) -> tuple[tuple[Replica, ...], Replica | None]:
         """The tier's available replicas, best first: lowest predicted TTFT for a prompt of `tokens`;
         among near-ties (within `near_tie` of the best, or within the best one's own TTFT noise: a
         difference its measurements cannot tell apart), the less loaded of two drawn at random (`near_tie` 0: no draw; exact ties go
         to the least recently picked). Open circuits and replicas failing their health checks are left
         out (empty: none may be tried now). Exploration: a replica not sent a request for
         `explore_after_s` while others of its tier were is put first, once per such interval, so
-        predictions learned long ago (one bad sample) cannot keep it idle."""
+        predictions learned long ago (one bad sample) cannot keep it idle. Also returned: the replica exploration
+        put first (None: none). `keep`: the one a ranking of the same request explored: first again while it
+        may be tried (exploration is not lost to a second ranking, nor spent twice). `dry`: nothing marked
+        (`route explain`)."""
         if balancing.strategy == "round_robin":
-            return self._rotation(tier)
+            return self._rotation(tier, dry), None
         ranked = self._by_prediction(tier, tokens, balancing)
         if balancing.explore_after_s <= 0 or len(ranked) < 2:
-            return ranked
-        stale = self._passed_over(tier, ranked, balancing.explore_after_s, time.monotonic() if now is None else now)
-        return ranked if stale is None else (stale, *(r for r in ranked if r is not stale))
+            return ranked, None
+        if keep is not None and keep in ranked:
+            stale: Replica | None = keep
+        else:
+            now = time.monotonic() if now is None else now
+            stale = self._passed_over(tier, ranked, balancing.explore_after_s, now, dry)
+        return (ranked, None) if stale is None else ((stale, *(r for r in ranked if r is not stale)), stale)
 
     def _passed_over(self, tier: Tier, ranked: tuple[Replica, ...], explore_after_s: float,
-                     now: float) -> Replica | None:
+                     now: float, dry: bool = False) -> Replica | None:
         """The replica of `ranked` passed over longest, when that is `explore_after_s` or more while another
         was picked within it (marked as probed: not again before another interval)."""
         states = [self.state(r, tier) for r in ranked]
@@ -80,7 +96,8 @@ class ReplicaPool:
         since, i = min((max(s.picked_at, s.probed_at), i) for i, s in enumerate(states))
         if now - since < explore_after_s:
             return None
-        states[i].probed_at = now
+        if not dry:
+            states[i].probed_at = now
         return ranked[i]
 
     def _by_prediction(self, tier: Tier, tokens: int, balancing: Balancing) -> tuple[Replica, ...]:
@@ -105,12 +122,15 @@ class ReplicaPool:
         first = (other if (other[1], other[2]) < (one[1], one[2]) else one)[-1]
         return (first, *(r for r in ranked if r is not first))
 
-    def _rotation(self, tier: Tier) -> tuple[Replica, ...]:
-        """The available replicas, starting one further along at each call."""
+    def _rotation(self, tier: Tier, dry: bool = False) -> tuple[Replica, ...]:
+        """The available replicas, starting one further along at each call (`dry`: where the next call starts,
+        without moving on)."""
         available = [r for r in tier.replicas if self.state(r, tier).available()]
         if not available:
             return ()
-        start = next(self._turns) % len(available)
+        start = self._turn % len(available)
+        if not dry:
+            self._turn += 1
         return tuple(available[start:] + available[:start])
 
     def has_available(self, tier: Tier) -> bool:
@@ -162,7 +182,7 @@ class Lease:
         state.pending_tokens += self._own_tokens
         state.pending += 1
         state.sent += 1
-        state.last_pick = next(pool._picks)
+        state.last_pick = pool.next_pick()
         state.picked_at = time.monotonic()
         state.breaker.on_send()
 

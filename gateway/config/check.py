@@ -4,8 +4,8 @@ Routes files (a top-level `tiers` key) are checked alone. A policy file is check
 by `load_config`, the function the server runs at start and on every reload, so the check passes
 exactly the pairs the server accepts. Its routes file: `--routes`, else the routes file of the same
 name among the paths, else the only routes file among them, else `routes/<its name>` beside its folder
-(the repository's layout). Without one, the policy's own rules still run and the result says which
-cross-file checks were skipped.
+(the repository's layout). Without one, or beside an invalid one, the policy's own rules still run, and the
+check fails as the server would (exit 1), saying why.
 """
 
 from __future__ import annotations
@@ -41,9 +41,15 @@ class Checked:
         if self.routes is not None:
             return [f"{self.path}: ok (with {self.routes})"]
         if self.skipped is not None:
-            return [f"{self.path}: ok on its own; cross-file checks skipped ({self.skipped}): the tiers named in "
-                    f"{', '.join(CROSS_FILE)} are not checked against a routes file"]
+            return [f"{self.path}: not servable: {self.skipped}; the server loads a policy only with a valid routes "
+                    f"file (the tiers named in {', '.join(CROSS_FILE)} are checked against it)"]
         return [f"{self.path}: ok"]
+
+    @property
+    def ok(self) -> bool:
+        """The server would accept it: no issues, and a policy's pair was checked whole (a policy without a
+        valid routes file is not servable, whatever its own rules say)."""
+        return not self.issues and self.skipped is None
 
 
 def is_routes_file(path: Path) -> bool:

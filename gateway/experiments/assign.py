@@ -72,14 +72,14 @@ def sticky_key(body: Mapping[str, Any], tenant: str = "", by_user: bool = False)
     if type(user) is str and user:
         data = b"u" + f"{tenant}\x00{user[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
     else:
-        system, first = _conversation(body)
+        system, first = conversation_texts(body)
         if not system and not first:
             return None
         data = b"c" + f"{tenant}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
 
 
-def _conversation(body: Mapping[str, Any]) -> tuple[str, str]:
+def conversation_texts(body: Mapping[str, Any]) -> tuple[str, str]:
     """(system prompt, first user message) of a chat body; ("", prompt) for a completion or embedding."""
     messages = body.get("messages")
     if type(messages) is not list:

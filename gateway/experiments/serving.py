@@ -33,6 +33,7 @@ from gateway.experiments.feedback import RequestOwner, RequestOwners
 from gateway.experiments.shadow import Embedder, Embedding, ShadowJob, ShadowReply, ShadowSender
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.proxy import ProxyStage
+from gateway.types import Reply
 
 if TYPE_CHECKING:  # onnxruntime is imported only when a shadow pair is first scored
     from gateway.classifier.encoder import EncoderSession
@@ -76,15 +77,16 @@ class ShadowTap:
     def __init__(self, sender: ShadowSender) -> None:
         self.sender = sender
 
-    def __call__(self, ctx: RequestContext) -> None:
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
         tenant, tier = ctx.tenant, ctx.tier
         if tenant is None or tenant.shadow is None or tier is None or tier.endpoint != "chat":
-            return
+            return None
         rule = self.sender.sample(tenant, tier.name)
         if rule is None:
-            return
+            return None
         ctx.keep_text = True
         ctx.finishers.append(self._submit)
+        return None
 
     def _submit(self, ctx: RequestContext) -> None:
         tenant, tier = ctx.tenant, ctx.tier

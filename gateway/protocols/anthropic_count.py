@@ -13,7 +13,7 @@ from gateway.config import GatewayConfig, TenantPolicy, Tier
 from gateway.errors import InvalidRequest
 from gateway.protocols.anthropic import AnthropicWire
 from gateway.stages.parse import decode_body
-from gateway.stages.route import served_tier
+from gateway.routing.tiers import served_tier
 from gateway.types import AUTO_MODEL
 
 

@@ -17,7 +17,7 @@ import orjson
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.native import is_native
-from gateway.sse import DONE, _complete_prefix_end, _data_of
+from gateway.sse import DONE, complete_prefix_end, data_of
 from gateway.types import ChunkSource, ClientWire, JsonReply, Reply, StreamReply
 
 
@@ -88,13 +88,13 @@ class TranslatedStream:
         async for data in self._source.chunks():
             if pending or not data.endswith(b"\n\n"):
                 buf = pending + data
-                end = _complete_prefix_end(buf)
+                end = complete_prefix_end(buf)
                 data, pending = buf[:end], buf[end:]
             if data.startswith(b"data: ") and data.find(b"\n", 6) == len(data) - 2:  # one event: most reads
                 out = self._event(data[6:-2])
             else:
                 out = b"".join(self._event(payload) for raw in data.split(b"\n\n")
-                               if raw and (payload := _data_of(raw)) is not None)
+                               if raw and (payload := data_of(raw)) is not None)
             if out:
                 yield out
 

@@ -1,12 +1,15 @@
 """Detour: model 'auto' routed to a tier with no healthy replica goes to the nearest healthy tier instead.
 
-Chat tiers only (an embedding tier's vectors are not another's). A tier is down when none of its replicas may be tried (every one failing its health checks or with an
-open circuit). The detour looks at the tiers the tenant may use that serve the same endpoint and fit
-the request's `max_tokens`, in the order the routes file lists them (the portfolio's order, smaller
-and cheaper first): the nearest one after the tier first (up: at least as capable), then the nearest
-one before it (down). A tenant whose policy sets `detour: false` gets the 503 instead. The request
-then carries `rerouted_from` (the down tier): the `x-gateway-rerouted-from` response header and the
-request log line's `rerouted_from` say it.
+Chat tiers only (an embedding tier's vectors are not another's). A tier is down when none of its replicas may be
+tried (every one failing its health checks or with an open circuit). The detour looks at the tiers the tenant
+may use that serve the same endpoint and fit the request's `max_tokens`, in the order the routes file lists them
+(the portfolio's order, smaller and cheaper first): the nearest one after the tier first (up: at least as
+capable), then the nearest one before it (down). A tenant whose policy sets `detour: false` gets the 503
+instead. The request then carries `rerouted_from` (the down tier): the `x-gateway-rerouted-from` response
+header and the request log line's `rerouted_from` say it.
+
+`nearest_healthy` is the decision, a pure function with an injected health check; `DetourStage` is the step of
+the request path over the pool's health (it records nothing: its dry run is itself).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import structlog
 from gateway.backends.pool import ReplicaPool
 from gateway.config import TenantPolicy, Tier
 from gateway.context import RequestContext
+from gateway.types import AUTO_MODEL, Reply
 
 log = structlog.get_logger("gateway.route")
 
@@ -36,16 +40,28 @@ def nearest_healthy(tiers: Sequence[Tier], down: Tier, tenant: TenantPolicy | No
     return None
 
 
-def detour(ctx: RequestContext, pool: ReplicaPool) -> None:
-    """`ctx.tier` has no replica to try: move the request to the nearest healthy tier, when the tenant's policy
-    allows it (else leave it: the proxy answers 503 no_replica_available)."""
-    down = ctx.tier
-    if down is None or down.endpoint != "chat" or (ctx.tenant is not None and not ctx.tenant.detour):
-        return
-    balancing = ctx.config.routes.balancing
-    target = nearest_healthy(ctx.config.routes.tiers, down, ctx.tenant, ctx.max_tokens, pool.has_available)
-    if target is None:
-        return
-    ctx.tier, ctx.rerouted_from = target, down.name
-    ctx.candidates = pool.rank(target, ctx.prompt_tokens_est, balancing)
-    log.warning("tier_down_rerouted", request_id=ctx.request_id, from_tier=down.name, to_tier=target.name)
+class DetourStage:
+    """'auto' on a chat tier none of whose replicas may be tried: the nearest healthy tier, when the tenant's
+    policy allows it (else the request stays: the proxy answers 503 no_replica_available)."""
+
+    def __init__(self, pool: ReplicaPool) -> None:
+        self._pool = pool
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
+        self._decide(ctx, dry=False)
+        return None
+
+    async def dry(self, ctx: RequestContext) -> None:
+        self._decide(ctx, dry=True)
+
+    def _decide(self, ctx: RequestContext, dry: bool) -> None:
+        down = ctx.tier
+        if down is None or ctx.model_requested != AUTO_MODEL or down.endpoint != "chat" \
+                or self._pool.has_available(down) or (ctx.tenant is not None and not ctx.tenant.detour):
+            return
+        target = nearest_healthy(ctx.config.routes.tiers, down, ctx.tenant, ctx.max_tokens, self._pool.has_available)
+        if target is None:
+            return
+        ctx.tier, ctx.rerouted_from = target, down.name
+        if not dry:
+            log.warning("tier_down_rerouted", request_id=ctx.request_id, from_tier=down.name, to_tier=target.name)

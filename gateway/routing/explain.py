@@ -1,12 +1,18 @@
 """Explain a routing decision without making it: tenant, limits applied, each tier's predicted quality and
-price (quality_floor), difficulty (bands), tier and why, replica candidates, cache status and why. Nothing is
-charged, stored or sent upstream. Used by `gateway route explain` (`lines` renders the report, one fact a line)
-and `POST /admin/explain` (the report as JSON)."""
+price (quality_floor), difficulty (bands), tier and why, the session, replica candidates, cache status and why.
+
+The route's own steps decide, in their dry mode (`RoutingStep.dry`: the same decision from the same state,
+nothing recorded, no exploration spent): `POST /admin/explain` runs the serving gateway's steps over its live
+replica health and load; `gateway route explain` runs them over the files (replica health unknown) or, with
+`--url`, asks a running gateway. Nothing is charged, stored or sent upstream. `explain_text.lines` renders the
+report, one fact a line.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import orjson
 
@@ -17,13 +23,28 @@ from gateway.cache.responses import ResponseCache
 from gateway.config import GatewayConfig, Replica, TenantPolicy
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.reading import Reading
+from gateway.routing.affinity import AffinityStage
+from gateway.routing.detour import DetourStage
+from gateway.routing.ranking import RankStage
+from gateway.routing.session import SessionStage
+from gateway.routing.sessions import SessionStore
+from gateway.routing.tiers import RouteStage
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.parse import ParseStage
-from gateway.reading import Reading
 from gateway.stages.policy import apply_limits
-from gateway.stages.route import RouteStage
-from gateway.stages.session import SessionStage
 from gateway.types import AUTO_MODEL, DifficultyScorer, Endpoint, QualityPredictor
+
+
+class RoutingStep(Protocol):
+    """A step of the route in its dry mode (gateway.pipeline.RequestPath.routing_steps)."""
+
+    async def dry(self, ctx: RequestContext) -> None: ...
+
+
+def file_steps(pool: ReplicaPool, sessions: SessionStore | None = None) -> tuple[RoutingStep, ...]:
+    """The route's steps over a pool that has seen no traffic (`route explain` from the files)."""
+    return (RouteStage(), SessionStage(sessions), DetourStage(pool), AffinityStage(), RankStage(pool))
 
 
 def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
@@ -37,14 +58,16 @@ def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
 
 async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any], *, endpoint: Endpoint = "chat",
                   scorer: DifficultyScorer | None = None, pool: ReplicaPool | None = None,
-                  responses: ResponseCache | None = None,
-                  predictor: QualityPredictor | None = None, sessions: SessionStage | None = None,
-                  session_header: str | None = None) -> dict[str, Any]:
-    """The decision path for `body` sent by tenant `tenant_name`, as a JSON-ready dict."""
+                  responses: ResponseCache | None = None, predictor: QualityPredictor | None = None,
+                  steps: Sequence[RoutingStep] | None = None, session_header: str | None = None,
+                  live: bool = False) -> dict[str, Any]:
+    """The decision path for `body` sent by tenant `tenant_name`, as a JSON-ready dict. `steps`: the route's
+    steps (default: `file_steps` over `pool`); `live`: the pool is the serving gateway's (health and load known)."""
     tenant = find_tenant(config, tenant_name)
     pool = pool or ReplicaPool()
     ctx = RequestContext("explain", endpoint, config, orjson.dumps(body), None, time.perf_counter(), time.time())
-    report: dict[str, Any] = {"tenant": tenant.name, "config_version": config.version}
+    ctx.session_header = session_header
+    report: dict[str, Any] = {"tenant": tenant.name, "config_version": config.version, "live": live}
     try:
         await ParseStage()(ctx)
         asked = ctx.max_tokens
@@ -54,7 +77,10 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
         await ClassifyStage(scorer, predictor)(ctx)
         report["difficulty"] = ctx.difficulty
         report["bands"] = [band.model_dump() for band in tenant.routing.bands] if tenant.routing else None
-        await RouteStage(pool)(ctx)
+        for step in steps if steps is not None else file_steps(pool):
+            await step.dry(ctx)
+            if isinstance(step, SessionStage):
+                report["session"] = _session(step, ctx)
     except GatewayError as err:
         report["decision"] = {"status": err.status, "error": err.message, "param": err.param}
         return report
@@ -62,11 +88,35 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
     report["quality"] = _quality(ctx, tenant, predictor)
     report["route_reason"] = ctx.route_reason
     report["tier"] = ctx.tier.name
-    report["session"] = await (sessions or SessionStage(None, pool)).explain(ctx, session_header)
-    report["candidates"] = [_candidate(pool, ctx, r) for r in ctx.candidates]
+    if ctx.rerouted_from is not None:
+        report["rerouted_from"] = ctx.rerouted_from
+    report["candidates"] = [_candidate(pool, ctx, r, live) for r in ctx.candidates]
     report["cache"] = await _cache(ctx, tenant, responses)
-    report["decision"] = {"status": 200, "tier": ctx.tier.name, "replica": ctx.candidates[0].name}
+    if ctx.candidates or not ctx.tier.replicas:
+        report["decision"] = {"status": 200, "tier": ctx.tier.name,
+                              "replica": ctx.candidates[0].name if ctx.candidates else None}
+    else:  # as the proxy would answer
+        report["decision"] = {"status": 503, "param": None, "error": f"no replica of tier {ctx.tier.name!r} is "
+                              "available (circuit open or failing health checks)"}
     return report
+
+
+def _session(step: SessionStage, ctx: RequestContext) -> dict[str, Any] | None:
+    """What the session did to this turn (None: sessions do not apply to the request)."""
+    tenant = ctx.tenant
+    if tenant is None or tenant.sessions is None or not step.applies(ctx) and ctx.session_route is None:
+        return None
+    ttl_s = tenant.sessions.ttl_s
+    if step.store is None:
+        return {"id": None, "holds": None, "ttl_s": ttl_s,
+                "effect": "not checked (no session store: give gateway route explain --url or --redis URL)"}
+    route, tier = ctx.session_route, ctx.tier.name if ctx.tier is not None else None
+    effect = {"new": "new session: its tier would be the routed one (a first turn inherits nothing without an "
+                     "x-session-id)",
+              "kept": "kept", "upgraded": "the routed tier would serve (an upgrade)",
+              "held": f"held: the session's tier {tier} would serve, not the routed {ctx.session_from}"}
+    return {"id": ctx.session, "holds": None if route == "new" else tier, "ttl_s": ttl_s,
+            "effect": effect.get(route or "", "none")}
 
 
 def _limits(tenant: TenantPolicy, asked: int | None, applied: int | None, reading: Reading) -> dict[str, Any]:
@@ -109,11 +159,11 @@ async def _cache(ctx: RequestContext, tenant: TenantPolicy, responses: ResponseC
     return {"status": "hit" if await responses.get(key) else "miss", "key": key}
 
 
-def _candidate(pool: ReplicaPool, ctx: RequestContext, replica: Replica) -> dict[str, Any]:
-    """One replica as the ranking saw it."""
+def _candidate(pool: ReplicaPool, ctx: RequestContext, replica: Replica, live: bool) -> dict[str, Any]:
+    """One replica as the ranking saw it (health and load: None when not live, only known to a serving gateway)."""
     assert ctx.tier is not None
     state = pool.state(replica, ctx.tier)
     predicted = pool.predict(ctx.tier, replica, ctx.prompt_tokens_est)
-    return {"replica": replica.name, "url": redact_url(replica.url), "in_flight": state.in_flight,
-            "predicted_ttft_ms": round(predicted * 1000, 3), "circuit": state.breaker.state,
-            "healthy": state.healthy, "recent_failures": state.failures}
+    return {"replica": replica.name, "url": redact_url(replica.url), "in_flight": state.in_flight if live else None,
+            "predicted_ttft_ms": round(predicted * 1000, 3), "circuit": state.breaker.state if live else None,
+            "healthy": state.healthy if live else None, "recent_failures": state.failures if live else None}

@@ -23,6 +23,8 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         out.append(_line("why this tier", report["route_reason"]))
     if "tier" in report:
         out.append(_line("tier", report["tier"]))
+    if report.get("rerouted_from"):
+        out.append(_line("rerouted from", f"{report['rerouted_from']} (no replica of it may be tried now)"))
     if (session := report.get("session")) is not None:
         out.append(_line("session", f"{_none(session['holds'], 'no tier yet')}: {session['effect']}"))
     out += [_line(f"candidate {i + 1}", _candidate(c)) for i, c in enumerate(report.get("candidates") or ())]
@@ -86,6 +88,9 @@ def _quality(quality: Mapping[str, Any]) -> list[str]:
 
 
 def _candidate(c: Mapping[str, Any]) -> str:
+    if c["healthy"] is None:
+        return (f"{c['replica']} at {c['url']}: predicted ttft {c['predicted_ttft_ms']:g} ms with no traffic seen; "
+                "health and load unknown (from the files: --url asks the running gateway)")
     return (f"{c['replica']} at {c['url']}: predicted ttft {c['predicted_ttft_ms']:g} ms, {c['in_flight']} in flight, "
             f"circuit {c['circuit']}, {'healthy' if c['healthy'] else 'unhealthy'}, "
             f"{c['recent_failures']} recent failures")
@@ -99,6 +104,6 @@ def _cache(cache: Mapping[str, Any]) -> list[str]:
 
 def _decision(decision: Mapping[str, Any]) -> str:
     if decision["status"] == 200:
-        return f"200: tier {decision['tier']}, replica {decision['replica']}"
+        return f"200: tier {decision['tier']}, replica {_none(decision['replica'], 'in process')}"
     param = f" (field {decision['param']})" if decision.get("param") else ""
     return f"{decision['status']}: {decision['error']}{param}"

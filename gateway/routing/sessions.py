@@ -1,15 +1,18 @@
-"""Sticky-tier sessions: which tier a conversation holds, shared by the gateway's replicas (issue 32).
+"""Sticky-tier sessions: which tier a conversation holds, shared by the gateway's replicas (issue 32, issue 38).
 
-A conversation is named by its `x-session-id` header, else by the request's `user` together with a hash of
-its system prompt and first user message (what every turn of a chat repeats; `experiments.assign` reads the
-same two texts). `session_id` turns either into a short id, per tenant.
+A conversation is named by its `x-session-id` header, else by the conversation so far: the digest of every
+message's role and content, the assistant's replies included (`ConversationKeys`). A first turn (no assistant
+reply yet) continues no session without a header: it inherits nothing, so two chats that open alike ("hi", a
+fixed few-shot prefix) are two conversations. After a turn is answered, the conversation through that answer is
+recorded with the tier the turn was served at; the next turn, which repeats the conversation and adds a user
+message, finds it by the prefix through the last assistant reply. A conversation that goes on from a reply the
+gateway did not give (edited, or from another model) starts anew.
 
-`SessionStore.hold` records the tier a turn was routed to and answers the tier the session holds: the
-higher of the two by the tiers' order in routes (cheapest first), so a session only ever moves up. In Redis
-one Lua call does it atomically (`sess:<id>` = "<rank>|<tier>", its TTL renewed on every turn), so two
-gateway replicas serving turns of one chat agree; without Redis, or while it is down, an in-process map
-does, and it also remembers what Redis answered, so a turn served while Redis was away never moves the
-session down when it comes back.
+`SessionStore.hold` records the tier a session holds: the higher of the recorded and the given by the tiers' order
+in routes (cheapest first), so a session only ever moves up. In Redis one Lua call does it atomically
+(`sess:<id>` = "<rank>|<tier>", its TTL renewed on every turn), so two gateway replicas serving turns of one chat
+agree; without Redis, or while it is down, an in-process map does, and it also remembers what Redis answered, so
+a turn served while Redis was away never moves the session down when it comes back.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from gateway.cache.guard import RedisGuard
-from gateway.experiments.assign import KEY_CHARS, _conversation
+from gateway.experiments.assign import KEY_CHARS, conversation_texts
+from gateway.reading import Part, Reading
 
 SESSION_HEADER = "x-session-id"
 MAX_HEADER_CHARS = 256
@@ -42,20 +48,70 @@ redis.call('SET', KEYS[1], value, 'EX', ARGV[3])
 return {value, current or ''}
 """
 
+MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
 def session_id(tenant: str, header: str | None, body: Mapping[str, Any]) -> str | None:
-    """The conversation's id (32 hex characters) within `tenant`; None when the request names none (no header,
-    and neither a `user` nor any prompt text)."""
+    """A conversation's id for logs and replays (32 hex characters) within `tenant`: its x-session-id, else its
+    `user`, system prompt and first user message; None when the request names none. (Routing keys a session by
+    the conversation so far: `ConversationKeys`.)"""
     if header:
-        data = b"h" + header[:MAX_HEADER_CHARS].encode("utf-8", "surrogatepass")
-    else:
-        system, first = _conversation(body)
-        user = body.get("user")
-        user = user if type(user) is str else ""
-        if not (system or first):
-            return None
-        text = f"{user[:KEY_CHARS]}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}"
-        data = b"c" + text.encode("utf-8", "surrogatepass")
+        return header_key(tenant, header)
+    system, first = conversation_texts(body)
+    user = body.get("user")
+    user = user if type(user) is str else ""
+    if not (system or first):
+        return None
+    text = f"{user[:KEY_CHARS]}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}"
+    return blake2b(tenant.encode() + b"\x00c" + text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def header_key(tenant: str, header: str) -> str:
+    """The session an explicit x-session-id names, within `tenant`."""
+    data = b"h" + header[:MAX_HEADER_CHARS].encode("utf-8", "surrogatepass")
     return blake2b(tenant.encode() + b"\x00" + data, digest_size=16).hexdigest()
+
+
+class ConversationKeys(NamedTuple):
+    """A turn's session keys when no header names one: `lookup`, the conversation through its last assistant
+    reply (None: a first turn, which continues no session), and the running digest of the whole conversation,
+    which `answered` completes with the reply to give the key the next turn looks up."""
+
+    lookup: str | None
+    digest: Any  # blake2b of every message so far
+    next_turn: int
+
+    def current(self) -> str:
+        """The conversation through this request's last message (a first turn's id in logs)."""
+        return str(self.digest.hexdigest())
+
+    def answered(self, reply: str) -> str:
+        """The key of the conversation once `reply` (the assistant's answer text) is added."""
+        digest = self.digest.copy()
+        _update(digest, Part("text", "assistant", reply, self.next_turn))
+        return str(digest.hexdigest())
+
+
+def conversation_keys(tenant: str, reading: Reading) -> ConversationKeys:
+    """The session keys of a chat request's conversation (see ConversationKeys)."""
+    parts = [part for part in reading.parts if part.role in MESSAGE_ROLES]
+    upto = max((part.turn for part in parts if part.role == "assistant"), default=-1)
+    digest = blake2b(tenant.encode() + b"\x00v", digest_size=16)
+    lookup = None
+    for part in parts:
+        if lookup is None and upto >= 0 and part.turn > upto:
+            lookup = digest.hexdigest()  # the conversation through its last assistant reply
+        _update(digest, part)
+    if lookup is None and upto >= 0:
+        lookup = digest.hexdigest()  # (it ends with the reply: no user turn after it)
+    return ConversationKeys(lookup, digest, parts[-1].turn + 1 if parts else 0)
+
+
+def _update(digest: Any, part: Part) -> None:
+    value = part.value if isinstance(part.value, str) else orjson.dumps(part.value).decode()
+    digest.update(f"{part.turn}\x1f{part.role}\x1f{part.kind}\x1f".encode())
+    digest.update(value.encode("utf-8", "surrogatepass"))
+    digest.update(b"\x1e")
 
 
 def redis_key(session: str) -> str:
@@ -120,6 +176,12 @@ class SessionStore:
                     before = earlier
         self.local.put(key, best, now + ttl_s)
         return best, before
+
+    def hold_here(self, key: str, held: Held, ttl_s: int) -> None:
+        """`hold` in process only, at once (Redis follows by `hold` in the background)."""
+        now = time.monotonic()
+        before = self.local.get(key, now)
+        self.local.put(key, held if before is None or held.rank > before.rank else before, now + ttl_s)
 
     async def peek(self, key: str) -> Held | None:
         """The tier session `key` holds, without recording a turn (for `route explain`)."""

@@ -16,14 +16,14 @@ from gateway.config import GatewayConfig, Tier
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, Overloaded
 from gateway.metrics import GatewayMetrics
-from gateway.stages.affinity import AffinityStage
+from gateway.routing.ranking import RankStage
 from gateway.types import AUTO_MODEL, Reply
 
 log = structlog.get_logger("gateway.admission")
 
 
 class AdmissionStage:
-    def __init__(self, pool: ReplicaPool, metrics: GatewayMetrics, choice: AffinityStage) -> None:
+    def __init__(self, pool: ReplicaPool, metrics: GatewayMetrics, choice: RankStage) -> None:
         self._pool = pool
         self._metrics = metrics
         self._choice = choice  # the replica choice, made again after a wait and for brownout

@@ -3,7 +3,8 @@
     builders   tier(), gateway_config(): a config around given backend URLs, where TEST_API_KEY is TEST_TENANT's;
                TableScorer: a difficulty scorer that reads a table; TableQualityPredictor: per-model quality
     contexts   request_context(), parsed_context(): a RequestContext as the edge makes it, to call a stage on;
-               run_finishers(): what the stages left to run after the answer
+               routed(): a context through the route's steps; run_finishers(): what the stages left to run after
+               the answer
     upstream   scripted_upstream(): a fake upstream that streams exactly the bytes given (content(), CHAT_STREAM)
     servers    serve_emulator(), create_app(), running(): an emulator and a gateway in process, on free ports
 
@@ -31,7 +32,7 @@ A stage called directly, no server::
 from gateway.testing.builders import (
     TEST_API_KEY, TEST_BALANCING, TEST_TENANT, TableQualityPredictor, TableScorer, gateway_config, routes_yaml, tier,
 )
-from gateway.testing.contexts import parsed_context, request_context, run_finishers
+from gateway.testing.contexts import parsed_context, request_context, routed, run_finishers
 from gateway.testing.servers import (
     FaultConfig, RunningEmulator, create_app, get_profile, running, serve_emulator, wait_ready,
 )
@@ -40,6 +41,6 @@ from gateway.testing.upstream import CHAT_STREAM, DONE, SEEN, USAGE_EVENT, chunk
 __all__ = [
     "CHAT_STREAM", "DONE", "SEEN", "TEST_API_KEY", "TEST_BALANCING", "TEST_TENANT", "USAGE_EVENT", "FaultConfig",
     "RunningEmulator", "TableQualityPredictor", "TableScorer", "chunk", "content", "create_app", "gateway_config",
-    "get_profile", "parsed_context", "request_context", "routes_yaml", "run_finishers", "running", "scripted_upstream",
+    "get_profile", "parsed_context", "request_context", "routed", "routes_yaml", "run_finishers", "running", "scripted_upstream",
     "serve_emulator", "sse_event", "tier", "wait_ready",
 ]

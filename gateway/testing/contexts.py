@@ -8,8 +8,13 @@ from typing import Any
 
 import orjson
 
+from gateway.backends.pool import ReplicaPool
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
+from gateway.routing.detour import DetourStage
+from gateway.routing.ranking import RankStage
+from gateway.routing.session import SessionStage
+from gateway.routing.tiers import RouteStage
 from gateway.stages.parse import ParseStage
 from gateway.testing.builders import TEST_API_KEY
 from gateway.types import Endpoint
@@ -26,6 +31,17 @@ async def parsed_context(config: GatewayConfig, body: Mapping[str, Any], *, api_
     """`request_context` after the parse stage: what the stages after it start from."""
     ctx = request_context(config, body, api_key=api_key, endpoint=endpoint, request_id=request_id)
     await ParseStage()(ctx)
+    return ctx
+
+
+async def routed(ctx: RequestContext, pool: ReplicaPool | None = None, *,
+                 sessions: SessionStage | None = None) -> RequestContext:
+    """`ctx` (past the policy stage) through the route's steps as the request path orders them: the candidate
+    tier, the session (when given), the detour, the ranking (no prefix store: no affinity)."""
+    pool = pool or ReplicaPool()
+    steps = (RouteStage(), *((sessions,) if sessions is not None else ()), DetourStage(pool), RankStage(pool))
+    for step in steps:
+        await step(ctx)
     return ctx
 
 

@@ -134,12 +134,12 @@ def fit_head(
     penalty[-1] = 0.0
     theta = np.zeros(FEATURES + 1)
     theta[-1] = float(np.log(np.clip(y.mean(), 1e-6, 1 - 1e-6) / np.clip(1 - y.mean(), 1e-6, 1)))
-    with _one_blas_thread():
+    with one_blas_thread():
         theta, iterations = newton_logistic(z, y, theta, penalty, max_iter, tol)
     return HeadParams(theta[:-1].copy(), float(theta[-1]), mean, std), iterations
 
 
-def _one_blas_thread() -> contextlib.AbstractContextManager[object]:
+def one_blas_thread() -> contextlib.AbstractContextManager[object]:
     """One BLAS thread: a 386 x 386 solve gains nothing from more, and spinning threads on busy cores cost 100x."""
     try:
         threadpoolctl = importlib.import_module("threadpoolctl")  # optional (comes with scikit-learn)

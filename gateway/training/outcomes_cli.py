@@ -25,7 +25,7 @@ from gateway.training.traffic_outcomes import read_mixed
 
 def parser() -> argparse.ArgumentParser:
     """The router's own options (gateway.training.router_train), and how traffic is read."""
-    from gateway.training.router_train import _parser as router_parser
+    from gateway.training.router_train import parser as router_parser
 
     p = router_parser()
     for action in p._actions:
@@ -51,7 +51,7 @@ def tier_models(routes: Path | None) -> dict[str, str]:
 
 
 def router_options(args: argparse.Namespace) -> dict[str, Any]:
-    """train_router's keyword arguments from the router's own options (gateway.training.router_train._parser)."""
+    """train_router's keyword arguments from the router's own options (gateway.training.router_train.parser)."""
     options = {"l2": args.l2, "cache_dir": args.embed_cache, "difficulty_dir": args.difficulty, "paths": args.files,
                "threads": args.threads}
     if hasattr(args, "gate"):

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.classifier.quality_head import blend_outputs, neighbour_means
-from gateway.training.fit import _one_blas_thread, newton_logistic, standardization
+from gateway.training.fit import one_blas_thread, newton_logistic, standardization
 
 F64 = npt.NDArray[np.float64]
 GROUP_L2 = 1e-3  # the per-task offsets are barely penalized: they absorb what differs between tasks
@@ -57,7 +57,7 @@ def _one_output(z: F64, y: F64, l2: float, groups: npt.NDArray[np.int64] | None,
     theta = np.zeros(design.shape[1])
     mean = float(np.clip(y.mean(), 1e-4, 1 - 1e-4))
     theta[-1] = np.log(mean / (1 - mean))
-    with _one_blas_thread():
+    with one_blas_thread():
         theta, _ = newton_logistic(design, y, theta, penalty, max_iter)
     bias = float(theta[-1])
     if groups is not None:

@@ -117,7 +117,7 @@ def train_router(
     return metrics
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gateway train --from-outcomes", description="Fit the quality router.")
     p.add_argument("--from-outcomes", dest="files", type=Path, nargs="+", required=True, metavar="FILE",
                    help="outcome JSONL files: prompt, scores {model: [0, 1]}, optional task/source/cost_usd")
@@ -136,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
     """CLI entry; 0 done, 2 bad arguments or data."""
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         rows = read_outcomes(args.files)
         metrics = train_router(rows, args.out, l2=args.l2, gate_h0=args.gate, alpha=args.alpha, cache_dir=args.embed_cache, difficulty_dir=args.difficulty,

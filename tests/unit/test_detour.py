@@ -12,8 +12,7 @@ from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.routing.detour import nearest_healthy
 from gateway.stages.policy import PolicyStage
-from gateway.stages.route import RouteStage
-from gateway.testing import TEST_API_KEY, gateway_config, parsed_context, tier
+from gateway.testing import TEST_API_KEY, gateway_config, parsed_context, routed as route, tier
 
 BANDS = {"bands": [{"tier": "small", "below": 0.3}, {"tier": "medium", "below": 0.6}, {"tier": "large"}]}
 TIERS = [tier("small", ["http://127.0.0.1:9/v1"]), tier("medium", ["http://127.0.0.1:10/v1"]),
@@ -42,7 +41,7 @@ async def routed(pool: ReplicaPool, difficulty: float, body: dict[str, Any] = CH
     ctx = await parsed_context(config, body, api_key=api_key)
     await PolicyStage()(ctx)
     ctx.difficulty = difficulty
-    assert await RouteStage(pool)(ctx) is None
+    await route(ctx, pool)
     return ctx
 
 

@@ -26,12 +26,12 @@ from gateway.experiments.shadow import AgreementScorer, PairStore, ShadowSender
 from gateway.metrics import GatewayMetrics
 from gateway.stages.account import Accountant
 from gateway.stages.admission import AdmissionStage
-from gateway.stages.affinity import AffinityStage
+from gateway.routing.affinity import AffinityStage
+from gateway.routing.ranking import RankStage
 from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
 from gateway.upstream.hop import UpstreamHop
-from gateway.stages.route import RouteStage
-from gateway.testing import TEST_API_KEY, TEST_TENANT, gateway_config, parsed_context, tier
+from gateway.testing import TEST_API_KEY, TEST_TENANT, gateway_config, parsed_context, routed as route, tier
 from gateway.tokens import TokenCounters
 from gateway.tracing.otel import ROOT_KEYS, _request_attributes
 
@@ -52,7 +52,9 @@ def body(user: str, model: str = "auto") -> dict[str, Any]:
 async def routed(cfg: GatewayConfig, payload: dict[str, Any], *, shadow: ShadowTap | None = None) -> RequestContext:
     ctx = await parsed_context(cfg, payload)
     await PolicyStage()(ctx)
-    await RouteStage(ReplicaPool(), shadow)(ctx)
+    await route(ctx, ReplicaPool())
+    if shadow is not None:
+        await shadow(ctx)
     return ctx
 
 
@@ -155,7 +157,7 @@ async def test_a_shadowed_request_keeps_its_text_and_submits_only_a_complete_ans
 
 async def test_admission_pressure_is_a_queue_or_a_full_gate() -> None:
     pool, metrics = ReplicaPool(), GatewayMetrics()
-    admission = AdmissionStage(pool, metrics, AffinityStage(pool, None, None))  # type: ignore[arg-type]
+    admission = AdmissionStage(pool, metrics, RankStage(pool, AffinityStage()))
     pressure = admission_pressure(admission)
     assert not pressure()
     ctx = RequestContext("r", "chat", config(), b"", None, time.perf_counter(), time.time())
@@ -172,7 +174,7 @@ async def test_the_shadow_send_never_waits_for_a_slot_nor_serves_an_unknown_tier
     pool, metrics = ReplicaPool(), GatewayMetrics()
     cfg = config()
     pool.configure(cfg.routes)
-    admission = AdmissionStage(pool, metrics, AffinityStage(pool, None, None))  # type: ignore[arg-type]
+    admission = AdmissionStage(pool, metrics, RankStage(pool, AffinityStage()))
     proxy = ProxyStage(UpstreamHop(None, pool, None, metrics, lambda ctx: None))  # type: ignore[arg-type]
     send = GatewaySend(lambda: cfg, pool, admission, proxy, lambda ctx: None)
     ctx = RequestContext("r", "chat", cfg, b"", None, time.perf_counter(), time.time())

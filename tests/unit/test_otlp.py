@@ -232,7 +232,8 @@ async def test_a_renamed_stage_class_keeps_its_span() -> None:
     path = RequestPath(**{name: type(f"Renamed{i}", (Step,), {})(name) for i, name in enumerate(names)},  # type: ignore[arg-type]
                        account=None)  # type: ignore[arg-type]
     assert dict(zip(names, SPANS)) == {"parse": None, "policy": None, "classify": "classification", "route": None,
-                                       "cache": "cache", "affinity": None, "admission": "admission", "embed": None,
+                                       "session": None, "detour": None, "shadow": None, "cache": "cache",
+                                       "affinity": None, "rank": None, "admission": "admission", "embed": None,
                                        "proxy": "upstream"}
     exports: list[bytes] = []
     traced = Tracing(TracingSettings(endpoint="http://127.0.0.1:9"), post=exports.append, environ={})

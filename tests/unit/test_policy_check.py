@@ -80,12 +80,22 @@ def test_every_issue_of_a_policy_is_reported_at_once_with_its_line(tmp_path: Pat
     assert f"{policy}:1: default_tier" in result.stdout and f"{policy}:5: routing.bands[1].tier" in result.stdout
 
 
-def test_without_a_routes_file_the_skipped_checks_are_said(tmp_path: Path) -> None:
+def test_without_a_routes_file_the_policy_is_not_servable_and_the_check_fails(tmp_path: Path) -> None:
+    """Issue 38: the server refuses a policy without a routes file; so does the check (it said ok, exit 0)."""
     policy = write(tmp_path / "elsewhere", "policy.yaml", BROKEN["band"][0])
     result = run_check(policy)
-    assert result.returncode == 0
-    assert "cross-file checks skipped" in result.stdout and "routing.bands[].tier" in result.stdout
+    assert result.returncode == 1
+    assert "not servable: no routes file" in result.stdout and "routing.bands[].tier" in result.stdout
     assert "--routes FILE" in result.stdout
+
+
+def test_beside_an_invalid_routes_file_the_policy_check_fails(tmp_path: Path) -> None:
+    """Issue 38: it said "ok on its own" and exit 0 beside a routes file the server refuses."""
+    routes = write(tmp_path / "routes", "site.yaml", ROUTES.replace("name: large", "name: 7"))
+    policy = write(tmp_path / "policies", "site.yaml", POLICY)
+    result = run_check(routes, policy)
+    assert result.returncode == 1
+    assert f"{policy}: not servable: its routes file {routes} is invalid" in result.stdout
 
 
 def test_policy_rules_that_need_no_routes_file_still_run(tmp_path: Path) -> None:
@@ -109,7 +119,8 @@ def test_a_policy_pairs_with_the_routes_file_of_its_name_or_the_one_beside_it(tm
 
 
 def test_the_repository_files_pass_as_the_readme_runs_them() -> None:
-    result = run_check(*sorted(ROOT.glob("routes/*.yaml")), *sorted(ROOT.glob("policies/*.yaml")))
+    paired = [ROOT / "policies" / f"{path.stem}.yaml" for path in sorted(ROOT.glob("routes/*.yaml"))]
+    result = run_check(*sorted(ROOT.glob("routes/*.yaml")), *[path for path in paired if path.is_file()])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "policies/local.yaml: ok (with " in result.stdout and "routes/local.yaml)" in result.stdout
     example = run_check("--routes", "routes/emulator.yaml", "policies/example.yaml", "policies/experiments-example.yaml")

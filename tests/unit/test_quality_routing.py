@@ -13,9 +13,8 @@ from gateway.config import GatewayConfig
 from gateway.routing.quality import TierOption, choose, gain, tier_options
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.policy import PolicyStage
-from gateway.stages.route import RouteStage
 from gateway.backends.pool import ReplicaPool
-from gateway.testing import TableQualityPredictor, TableScorer, gateway_config, parsed_context, tier
+from gateway.testing import TableQualityPredictor, TableScorer, gateway_config, parsed_context, routed as route_steps, tier
 
 SMALL, MEDIUM, LARGE = "mistral-7b", "llama-70b", "nemotron-51b"
 TODAY = date(2026, 11, 27)
@@ -86,7 +85,7 @@ async def route(cfg: GatewayConfig, prompt: str, predictor: TableQualityPredicto
     ctx = await parsed_context(cfg, {"model": model, "messages": [{"role": "user", "content": prompt}]})
     await PolicyStage()(ctx)
     await ClassifyStage(scorer, predictor)(ctx)
-    await RouteStage(ReplicaPool())(ctx)
+    await route_steps(ctx, ReplicaPool())
     return ctx
 
 
@@ -135,7 +134,7 @@ async def test_a_tier_too_small_for_max_tokens_is_not_a_choice() -> None:
     ctx = await parsed_context(cfg, body)
     await PolicyStage()(ctx)
     await ClassifyStage(None, TableQualityPredictor(PREDICTIONS))(ctx)
-    await RouteStage(ReplicaPool())(ctx)
+    await route_steps(ctx, ReplicaPool())
     assert ctx.tier.name == "medium" and [o.tier for o in ctx.quality_choice.options] == ["medium", "large"]
 
 

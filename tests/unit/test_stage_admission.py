@@ -17,10 +17,10 @@ from gateway.context import RequestContext
 from gateway.errors import Overloaded
 from gateway.metrics import GatewayMetrics
 from gateway.stages.admission import AdmissionStage
-from gateway.stages.affinity import AffinityStage
+from gateway.routing.affinity import AffinityStage
+from gateway.routing.ranking import RankStage
 from gateway.stages.policy import PolicyStage
-from gateway.stages.route import RouteStage
-from gateway.testing import gateway_config, parsed_context, run_finishers, tier
+from gateway.testing import gateway_config, parsed_context, routed as route, run_finishers, tier
 
 URLS = [f"http://127.0.0.1:{port}/v1" for port in (9, 10, 11)]
 ONE_SLOT = {"initial_limit": 1, "min_limit": 1, "max_limit": 1}
@@ -52,15 +52,16 @@ class Admission:
     @classmethod
     def over(cls, prefixes: WarmOn | None = None) -> Admission:
         pool, metrics = ReplicaPool(), GatewayMetrics()
-        affinity = AffinityStage(pool, prefixes)  # type: ignore[arg-type]
-        return cls(pool, metrics, affinity, AdmissionStage(pool, metrics, affinity))
+        affinity = AffinityStage(prefixes)  # type: ignore[arg-type]
+        return cls(pool, metrics, affinity, AdmissionStage(pool, metrics, RankStage(pool, affinity)))
 
     async def routed(self, config: GatewayConfig, body: dict[str, Any] = CHAT) -> RequestContext:
-        """A context through parse, policy, route and affinity: what admission gets."""
+        """A context through parse, policy, the route, affinity and the ranking: what admission gets."""
         ctx = await parsed_context(config, body)
         await PolicyStage()(ctx)
-        await RouteStage(self.pool)(ctx)
+        await route(ctx, self.pool)
         await self.affinity(ctx)
+        await RankStage(self.pool, self.affinity)(ctx)
         return ctx
 
     async def admitted(self, config: GatewayConfig, body: dict[str, Any] = CHAT) -> RequestContext:
@@ -180,7 +181,7 @@ async def test_after_a_queue_wait_the_replicas_are_ranked_again_with_the_affine_
     assert [r.name for r in second.candidates] == ["t-1", "t-0"]  # ... the choice made again keeps the warm one
     assert (second.prefix_replica, second.prefix_blocks) == ("t-1", 4)
     assert second.prefix_tokens == estimate_tokens(4 * 64) == 64
-    assert prefixes.lookups == 3  # the first request, the second, and the second again after its wait
+    assert prefixes.lookups == 2  # the first request and the second: ranked again after its wait, not looked up again
 
 
 async def test_configure_gives_existing_gates_the_new_settings_and_capacity_and_keeps_their_limit() -> None:

@@ -18,8 +18,7 @@ from gateway.cache.responses import ResponseCache
 from gateway.context import RequestContext
 from gateway.stages.cache import CacheStage
 from gateway.stages.policy import PolicyStage
-from gateway.stages.route import RouteStage
-from gateway.testing import gateway_config, parsed_context, run_finishers, tier
+from gateway.testing import gateway_config, parsed_context, routed as route, run_finishers, tier
 from gateway.types import JsonReply, Reply, StreamReply
 
 CONFIG = gateway_config([tier("t", ["http://127.0.0.1:9/v1"])])
@@ -48,7 +47,7 @@ async def looked_up(stage: CacheStage, body: dict[str, Any]) -> tuple[RequestCon
     """A context through parse, policy and route, then the cache stage; its reply."""
     ctx = await parsed_context(CONFIG, body)
     await PolicyStage()(ctx)
-    await RouteStage(ReplicaPool())(ctx)
+    await route(ctx, ReplicaPool())
     return ctx, await stage(ctx)
 
 

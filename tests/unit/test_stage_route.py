@@ -8,13 +8,11 @@ from typing import Any
 import pytest
 
 from gateway.backends.pool import Lease, ReplicaPool
-from gateway.backends.stats import estimate_tokens
 from gateway.config import GatewayConfig, Tier
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, PermissionDenied, UnknownModel
 from gateway.stages.policy import PolicyStage
-from gateway.stages.route import RouteStage
-from gateway.testing import TEST_API_KEY, gateway_config, parsed_context, tier
+from gateway.testing import TEST_API_KEY, gateway_config, parsed_context, routed as route, tier
 from gateway.types import Endpoint
 
 SMALL = tier("small", ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"], context_window=2048)
@@ -37,14 +35,14 @@ async def routed(body: dict[str, Any] = CHAT, *, config: GatewayConfig = CONFIG,
     ctx = await parsed_context(config, body, api_key=api_key, endpoint=endpoint)
     await PolicyStage()(ctx)
     ctx.difficulty = difficulty
-    assert await RouteStage(pool or ReplicaPool())(ctx) is None
+    await route(ctx, pool or ReplicaPool())
     return ctx
 
 
 async def test_a_named_tier_is_taken_with_its_replicas_and_the_prompts_size() -> None:
     ctx = await routed({**CHAT, "model": "large"})
     assert ctx.tier is LARGE and ctx.candidates == LARGE.replicas
-    assert ctx.prompt_tokens_est == estimate_tokens(len(PROMPT)) == 12
+    assert ctx.prompt_tokens_est == ctx.input_tokens_est() == -(-len(PROMPT) // 4) == 13  # the reading's estimate
 
 
 async def test_an_unknown_model_is_404_listing_the_models() -> None:
