@@ -44,7 +44,6 @@ import structlog
 
 from gateway.accounting.logfile import RotatingLogFile
 from gateway.config.policies import Shadow
-from gateway.keyspace import OFFLINE as OFFLINE_SCOPE
 from gateway.tokens import prompt_text
 
 if TYPE_CHECKING:
@@ -166,7 +165,7 @@ class AgreementScorer:
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
 
-    async def cosine(self, answer: str, reference: str, *, scope: str = OFFLINE_SCOPE) -> float:
+    async def cosine(self, answer: str, reference: str, *, scope: str) -> float:
         """`scope`: whose embedding cache the answers' vectors go to (the tenant's, for a shadow pair)."""
         if not answer.strip() or not reference.strip():
             return 1.0 if answer.strip() == reference.strip() else 0.0

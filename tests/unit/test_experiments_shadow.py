@@ -119,12 +119,12 @@ async def test_agreement_with_the_shipped_minilm_encoder_separates_paraphrases_f
     embedder = sentence_embedder("CPUExecutionProvider")
     try:
         scorer = AgreementScorer(embedder)
-        same = await scorer.cosine("Paris is the capital of France.", "The capital of France is Paris.")
-        other = await scorer.cosine("Paris is the capital of France.", "Sort the list with sorted(xs, key=len).")
+        same = await scorer.cosine("Paris is the capital of France.", "The capital of France is Paris.", scope="t")
+        other = await scorer.cosine("Paris is the capital of France.", "Sort the list with sorted(xs, key=len).", scope="t")
     finally:
         embedder.close()
     assert same > 0.9 and other < 0.3
-    assert await scorer.cosine("", "") == 1.0 and await scorer.cosine("text", " ") == 0.0
+    assert await scorer.cosine("", "", scope="t") == 1.0 and await scorer.cosine("text", " ", scope="t") == 0.0
 
 
 async def test_a_pair_is_scored_judged_stored_in_a_bounded_stream_and_the_jsonl_and_logged(
