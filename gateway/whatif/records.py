@@ -37,7 +37,10 @@ class Logged:
     def __init__(self, obj: dict[str, Any]) -> None:
         self.arrival = _arrival(obj)
         self.day = day_of(self.arrival)
-        self.tenant: str = obj.get("tenant") or "anonymous"
+        tenant = obj.get("tenant") or "anonymous"
+        if type(tenant) is not str:
+            raise TypeError("tenant is not a string")  # a malformed line: counted as skipped
+        self.tenant: str = tenant
         self.model: str | None = obj.get("model_requested")
         path = obj.get("path")
         self.endpoint: Endpoint = "embeddings" if path is not None and path.endswith("embeddings") else \
