@@ -40,7 +40,7 @@ from gateway.sse import SseScanner, StreamTally
 from gateway.tokens import TokenCounters
 from gateway.upstream.attempt import PATHS, Attempt, may_try
 from gateway.upstream.continuation import ContinuationScanner, continuation_body, not_resumable
-from gateway.upstream.sink import ContextSink
+from gateway.upstream.sink import ContextSink, outputs
 
 log = structlog.get_logger("gateway.proxy")
 
@@ -115,6 +115,10 @@ class StreamResumer:
         the answer was whole already (its finish reason sent, or all of `max_tokens`: only the end lost)."""
         ctx, app = self._ctx, self._app
         tally = scanner.tally
+        if tally.finish_reason is not None and outputs(ctx)[0] == 1:  # one finish per choice: none follows it
+            self._held.release(failed=True, completion=tally.content_chunks)  # it broke off before [DONE]
+            app.outcomes["whole"].inc()
+            return None
         why = self._refusal(tally)
         text = "".join(tally.text or ())
         sent = self._tokens(text, tally) if why is None else tally.content_chunks
@@ -122,8 +126,8 @@ class StreamResumer:
         if why is not None:
             return self._count("refused", why)
         left = None if ctx.max_tokens is None else ctx.max_tokens - sent
-        if tally.finish_reason is not None or (left is not None and left <= 0):
-            app.outcomes["whole"].inc()  # one finish per choice: nothing follows a finish reason
+        if left is not None and left <= 0:
+            app.outcomes["whole"].inc()
             return None
         assert ctx.tier is not None
         self._tried.add(self._held.replica.name)

@@ -115,13 +115,18 @@ def _finished_then_dropped() -> web.Application:
                                       "finish_reason": None}]), content("All"), content(" done.", "stop")])
 
 
-async def test_a_stream_whose_answer_finished_is_not_continued(start_app: StartApp,
-                                                               start_gateway: StartGateway) -> None:
+TOOLS = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+
+
+@pytest.mark.parametrize("extra", [{}, TOOLS], ids=["resumable", "offering_tools"])
+async def test_a_stream_whose_answer_finished_is_not_continued(start_app: StartApp, start_gateway: StartGateway,
+                                                               extra: dict[str, Any]) -> None:
+    """Whether or not the request could be resumed: its answer was whole, only its end was lost."""
     first, second = _finished_then_dropped(), _finished_then_dropped()
     urls = [f"{await start_app(app)}/v1" for app in (first, second)]
     gateway = await start_gateway(gateway_config([tier("t", urls)]))
     body = {"model": "t", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 40,
-            "messages": [{"role": "user", "content": "finish once"}]}
+            "messages": [{"role": "user", "content": "finish once"}], **extra}
     async with aiohttp.ClientSession() as session:
         with capture_logs() as logs:
             async with session.post(f"{gateway}/v1/chat/completions", json=body, headers=AUTH) as response:
