@@ -121,6 +121,7 @@ class Outcome:
     error: str | None = None
     seconds: float = 0.0
     deselected: list[str] = field(default_factory=list)  # selected tests failing on the unmutated tree
+    diffs: dict[str, str] = field(default_factory=dict)  # survivor -> its changed lines
 
     def count(self, kinds: set[str]) -> int:
         return sum(1 for name, s in self.statuses.items() if s in kinds and name not in self.equivalent)
@@ -298,10 +299,16 @@ STATS_FAILED = (b"failed to collect stats", b"Failed to run clean test")  # mutm
 
 
 def run_target(target: Target, workdir: Path, jobs: int, timeout_s: float, equivalent: dict[str, str],
-               quiet: bool, commit: str | None) -> Outcome:
+               quiet: bool, commit: str | None, again: bool = False) -> Outcome:
     outcome = Outcome(target.name)
     dest = workdir / target.name
     started = time.monotonic()
+    if again:  # --report: what the last run left in the work dir
+        files = target.resolve(dest) if dest.exists() else None
+        if files is None:
+            outcome.error = f"no earlier run in {dest}"
+            return outcome
+        return judged(outcome, dest, target, files, equivalent, quiet)
     copy_tree(dest, commit)
     files = target.resolve(dest)
     if files is None:
@@ -329,6 +336,11 @@ def run_target(target: Target, workdir: Path, jobs: int, timeout_s: float, equiv
     if code not in (0, None):
         tail = log_path.read_bytes()[-3000:].decode(errors="replace").replace("\r", "\n")
         outcome.error = f"mutmut exited {code}:\n{tail}"
+    return judged(outcome, dest, target, files, equivalent, quiet)
+
+
+def judged(outcome: Outcome, dest: Path, target: Target, files: list[str], equivalent: dict[str, str],
+           quiet: bool) -> Outcome:
     outcome.statuses = read_statuses(dest, target, files)
     names = set(outcome.statuses)
     outcome.equivalent = {n for n in names if n in equivalent and outcome.statuses[n] in SURVIVED}
@@ -365,12 +377,28 @@ def report(o: Outcome, dest: Path, equivalent: dict[str, str], quiet: bool) -> N
         print(f"[{o.target}] left out, failing on the unmutated tree: {' '.join(o.deselected)}")
     for name in sorted(o.stale_equivalent):
         print(f"[{o.target}] listed as equivalent but now killed (remove it from {EQUIVALENT_FILE.name}): {name}")
+    o.diffs = mutant_diffs(dest, o.survivors)
     if not quiet:
-        diffs = mutant_diffs(dest, o.survivors)
         for name in o.survivors:
-            print(f"--- {o.statuses[name]}: {name}\n{diffs.get(name, '(no diff)')}")
+            print(f"--- {o.statuses[name]}: {name}\n{o.diffs.get(name, '(no diff)')}")
         for name in sorted(o.equivalent):
             print(f"--- equivalent: {name}: {equivalent[name]}")
+
+
+def markdown(outcomes: list[Outcome], equivalent: dict[str, str]) -> str:
+    """The table, each target's survivors (name and changed lines) and its equivalents, for docs/TESTING.md."""
+    lines = ["| target | killed | judged | equivalent | score |", "|---|---|---|---|---|"]
+    for o in outcomes:
+        pct = f"{100.0 * o.killed / o.total:.1f} %" if o.total else "-"
+        lines.append(f"| {o.target} | {o.killed} | {o.total} | {len(o.equivalent)} | {pct} |")
+    for o in outcomes:
+        lines += ["", f"#### {o.target}: {len(o.survivors)} surviving", ""]
+        for name in o.survivors:
+            changed = " / ".join(ln.strip() for ln in o.diffs.get(name, "").splitlines())
+            lines.append(f"- `{name}` ({o.statuses[name]}): `{changed}`")
+        for name in sorted(o.equivalent):
+            lines.append(f"- equivalent `{name}`: {equivalent[name]}")
+    return "\n".join(lines) + "\n"
 
 
 def score_line(killed: int, total: int) -> str:
@@ -389,6 +417,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/gateway-mutate"))
     parser.add_argument("--quiet", action="store_true", help="no diffs of the survivors")
     parser.add_argument("--json", type=Path, help="also write the per-target counts here")
+    parser.add_argument("--report", action="store_true", help="run nothing: report what the last run left")
+    parser.add_argument("--markdown", type=Path, help="also write the table and the survivors as Markdown here")
     parser.add_argument("--commit", help="mutate this commit's tree (e.g. HEAD) instead of the work tree")
     opts = parser.parse_args()
 
@@ -420,11 +450,11 @@ def main() -> int:
         print(f"changed since {base or '-'} ({why}): {', '.join(t.name for t in chosen) or 'none'}")
     if not chosen:
         return 0
-    if not mutmut_bin().exists():
+    if not mutmut_bin().exists() and not opts.report:
         print(f"{mutmut_bin()} is missing: `make` installs it (the dev extra)", file=sys.stderr)
         return 2
     equivalent = load_equivalent()
-    outcomes = [run_target(t, opts.workdir, opts.jobs, opts.timeout, equivalent, opts.quiet, opts.commit) for t in chosen]
+    outcomes = [run_target(t, opts.workdir, opts.jobs, opts.timeout, equivalent, opts.quiet, opts.commit, opts.report) for t in chosen]
 
     print("\n| target | killed | judged | equivalent | not checked | score |\n|---|---|---|---|---|---|")
     for o in outcomes:
@@ -437,6 +467,8 @@ def main() -> int:
                                                     "not_checked": o.unchecked, "error": o.error,
                                                     "deselected": o.deselected}
                                          for o in outcomes}, indent=1))
+    if opts.markdown:
+        opts.markdown.write_text(markdown(outcomes, equivalent))
     scope = "all core targets" if opts.all else ", ".join(o.target for o in outcomes)
     print(f"\n({scope}; tools/mutate.py {' '.join(sys.argv[1:])})")
     print(score_line(killed, total))
