@@ -23,7 +23,9 @@ node answers CLUSTERDOWN (or a slot is not covered, or MOVED keeps coming), redi
 connection of the client to force a fresh slot map: the calls in flight on the healthy masters then fail
 ("handler is closed"), and a node's failure becomes everyone's. `SeededCluster` turns that close, when it
 comes from inside a command, into what it is for: read the slot map again before the next command; an
-`aclose()` from outside (shutdown) still closes everything.
+`aclose()` from outside (shutdown) still closes everything. And every slot-map refresh also re-reads the
+server's whole command table (COMMAND: 60-300 ms of parsing here, during which every command of the client
+waits on the refresh lock, so healthy masters' calls missed their budget in a failover): it is read once.
 
 Sentinel: every sentinel of the URL is asked for the master (in turn, the first to answer wins), on
 every new connection; a connection to a master that was demoted is dropped on READONLY and the next
@@ -41,6 +43,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis._parsers.commands import AsyncCommandsParser
 from redis.backoff import NoBackoff
 
 RedisClient = Redis | RedisCluster
@@ -116,6 +119,7 @@ class SeededCluster(RedisCluster):
     def __init__(self, seeds: tuple[tuple[str, int], ...], **options: Any) -> None:
         self.seeds = seeds
         super().__init__(startup_nodes=[ClusterNode(host, port) for host, port in seeds], **options)
+        self.commands_parser = _CommandTableOnce()
 
     async def initialize(self, additional_startup_nodes_info: list[tuple[str, int]] | None = None,
                          last_failed_node_name: str | None = None) -> RedisCluster:
@@ -140,6 +144,16 @@ class SeededCluster(RedisCluster):
             self._initialize = True
             return
         await super().aclose()
+
+
+class _CommandTableOnce(AsyncCommandsParser):
+    """The command table does not change with the slot map: read it at the first refresh only."""
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if node is not None:
+            self.node = node  # COMMAND GETKEYS goes to a live node
+        if not self.commands:
+            await super().initialize(node)
 
 
 class _Pipeline(ClusterPipeline):

@@ -23,6 +23,7 @@ Errors, by what they say about the node that raised them:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -48,6 +49,7 @@ SLOTS = 16384
 Kind = Literal["unavailable", "cluster_down", "failover", "moved", "closed", "other"]
 DOWN_KINDS: frozenset[Kind] = frozenset({"unavailable", "cluster_down", "failover"})
 Keys = str | bytes | Sequence[str | bytes] | None
+CONNECTING_TO = re.compile(r"connecting to (\S+):(\d+)")  # redis-py's "Error 111 connecting to h:p."
 
 
 def classify(err: BaseException) -> Kind:
@@ -85,15 +87,21 @@ class Topology:
         return names
 
     def blame(self, err: BaseException, targets: Iterable[str]) -> set[str]:
-        """The nodes an error is about: the node redis-py names on it, else the call's own nodes."""
-        if self.cluster is not None:
-            node: Any = getattr(err, "connection", None)
-            name = getattr(node, "name", None) or getattr(err, "last_failed_node_name", None)
-            if isinstance(name, str):
-                return {name}
-            if isinstance(err, RedisClusterException) and not isinstance(err, SlotNotCoveredError):
-                return {WHOLE}  # the slot map could not be read from any node
-        return set(targets)
+        """The nodes an error is about: the node redis-py names on it (or its message does), else the call's
+        own nodes. On a cluster an error no node can be named for is nobody's (a pipeline's, a keyless call's):
+        WHOLE is blamed only when no node at all could be reached."""
+        names = set(targets)
+        if self.cluster is None:
+            return names
+        node: Any = getattr(err, "connection", None)
+        name = getattr(node, "name", None) or getattr(err, "last_failed_node_name", None)
+        if isinstance(name, str):
+            return {name}
+        if isinstance(err, RedisClusterException) and not isinstance(err, SlotNotCoveredError):
+            return {WHOLE}  # the slot map could not be read from any node
+        if (found := CONNECTING_TO.search(str(err))) is not None:
+            return {f"{found[1].strip('[]')}:{found[2]}"}
+        return names - {WHOLE}
 
     def slots_by_master(self) -> dict[str, int]:
         """Slots each master serves in the client's map (empty for a single server)."""

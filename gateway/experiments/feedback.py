@@ -166,7 +166,7 @@ class RequestOwners:
             await pipe.execute()
             return True
 
-        if await self.guard.run("feedback_owner_set", write, WRITE_TIMEOUT_S):
+        if await self.guard.run("feedback_owner_set", write, WRITE_TIMEOUT_S, key=key):
             self.written += len(batch)
         else:
             self.write_failures += 1
@@ -193,7 +193,7 @@ class RequestOwners:
                 pipe.hget(key, request_id)
             return list(await pipe.execute())
 
-        found = await self.guard.run("feedback_owner_get", read, WRITE_TIMEOUT_S)
+        found = await self.guard.run("feedback_owner_get", read, WRITE_TIMEOUT_S, key=buckets)
         if found is None:
             if owner is not None:
                 return owner

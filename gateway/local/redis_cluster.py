@@ -111,7 +111,8 @@ class EmbeddedCluster:
         running = [node for node in self.nodes if node.running]
         if not all(self.state(node) == "ok" for node in running):
             return False
-        return sorted(self.master_ports()) == sorted(set(self.master_ports())) and len(self.master_ports()) == self.masters
+        masters, up = self.master_ports(), {node.port for node in running}
+        return len(masters) == self.masters and set(masters) <= up
 
     def replicas_in_sync(self) -> bool:
         """Every running replica's link to its master is up (a replica can take over only then)."""
