@@ -8,6 +8,8 @@ is `replayable` False: it keeps its recorded tier and is priced again, nothing r
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -146,3 +148,20 @@ def read_logged(paths: Iterable[Path], stats: LogStats) -> Iterator[Logged]:
             if not record.replayable:
                 stats.price_only += 1
             yield record
+
+
+REORDER_S = 900.0  # a line is written when its request ends: this long after its arrival at most, assumed
+
+
+def in_arrival_order(records: Iterable[Logged], horizon_s: float = REORDER_S) -> Iterator[Logged]:
+    """`records` by arrival time: lines are written as requests end, so a slow request's line comes after lines
+    of requests that arrived later. Held back until no earlier arrival can still come (a request lasts at most
+    `horizon_s`): memory bounded by that much traffic, not by the log."""
+    held: list[tuple[float, int, Logged]] = []
+    order = itertools.count()
+    for rec in records:
+        heapq.heappush(held, (rec.arrival, next(order), rec))
+        while held and held[0][0] < rec.arrival - horizon_s:
+            yield heapq.heappop(held)[2]
+    while held:
+        yield heapq.heappop(held)[2]

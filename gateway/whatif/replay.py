@@ -1,5 +1,8 @@
 """One pass over the logs: every request decided and priced under each scenario, the latency window kept.
 
+Requests are decided in arrival order (`records.in_arrival_order`: a line is written when its request ends, so
+a slow request's line comes late; limits, budgets, sessions and the cache must see arrivals as they came).
+
 Lines stream through one at a time; what is kept is bounded: the tallies (sums and counters), a reservoir of
 measurements per tier (`physics.Samples`), and the window's requests. The window is the busiest UTC hour by
 default (the hour with the most requests, found as the pass goes: only the current hour and the busiest so
@@ -16,7 +19,7 @@ from pathlib import Path
 from gateway.config import GatewayConfig
 from gateway.whatif.decide import HITS, Decider, Decision
 from gateway.whatif.physics import Samples
-from gateway.whatif.records import SHED, LogStats, Logged, read_logged
+from gateway.whatif.records import SHED, LogStats, Logged, in_arrival_order, read_logged
 from gateway.whatif.summary import Tally
 
 MAX_WINDOW = 30_000
@@ -60,7 +63,7 @@ def replay(paths: Iterable[Path], scenarios: Mapping[str, GatewayConfig], *, win
     best: list[Row] = []
     current: list[Row] = []
     current_hour = -1
-    for rec in read_logged(paths, stats):
+    for rec in in_arrival_order(read_logged(paths, stats)):
         hour = int(rec.arrival // 3600)
         day = rec.day.isoformat()
         recorded.add(rec.tenant, rec.tier, rec.refused, rec.cost, hour, day, rec.cache in HITS)
