@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -20,10 +21,11 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.sentinel import MasterNotFoundError
 
 from gateway.cache.connection import SeededCluster, connect
 from gateway.cache.guard import RedisGuard
-from gateway.cache.nodes import SLOTS, WHOLE, Keys, classify
+from gateway.cache.nodes import SLOTS, WHOLE, Keys, Topology, classify
 
 
 class FakeTopology:
@@ -51,8 +53,8 @@ class FakeTopology:
         return {"A:1": SLOTS // 2, self._b(): SLOTS // 2}
 
 
-def failing(err: BaseException, node: str | None = None) -> object:
-    async def call() -> None:
+def failing(err: BaseException, node: str | None = None) -> Callable[[], Awaitable[str]]:
+    async def call() -> str:
         if node:
             err.node = node  # type: ignore[attr-defined]
         raise err
@@ -74,7 +76,7 @@ def guard() -> tuple[RedisGuard, FakeTopology, CollectorRegistry]:
 
 async def test_a_dead_master_skips_only_its_own_keys(guard: tuple[RedisGuard, FakeTopology, CollectorRegistry]) -> None:
     g, _, registry = guard
-    assert await g.run("get", failing(RedisConnectionError("refused"), "B:2"), key="b1") is None  # type: ignore[arg-type]
+    assert await g.run("get", failing(RedisConnectionError("refused"), "B:2"), key="b1") is None
     calls = 0
 
     async def counted() -> str:
@@ -99,7 +101,7 @@ async def test_a_probe_that_meets_clusterdown_keeps_the_node_down(
     g, _, registry = guard
     down = failing(ClusterDownError("CLUSTERDOWN The cluster is down"), "B:2")
     for _ in range(4):
-        assert await g.run("get", down, key="b1") is None  # type: ignore[arg-type]
+        assert await g.run("get", down, key="b1") is None
         assert not g.up_for("b1")
         await asyncio.sleep(0.06)  # the backoff: the next call is the probe
     assert registry.get_sample_value("gateway_redis_error_kinds_total", {"kind": "cluster_down"}) == 4
@@ -110,7 +112,7 @@ async def test_a_failed_over_master_is_forgotten_and_its_keys_served_by_the_new_
     guard: tuple[RedisGuard, FakeTopology, CollectorRegistry],
 ) -> None:
     g, topology, _ = guard
-    assert await g.run("get", failing(RedisConnectionError("refused"), "B:2"), key="b1") is None  # type: ignore[arg-type]
+    assert await g.run("get", failing(RedisConnectionError("refused"), "B:2"), key="b1") is None
     topology.failed_over = True  # the replica C took B's slots (the client's slot map says so)
     assert g.up_for("b1") and await g.run("get", ok, key="b1") == "ok"
     status = g.status()
@@ -123,7 +125,7 @@ async def test_moved_and_a_closed_handler_leave_the_node_up(
     g, _, _ = guard
     for err in (MovedError("3999 127.0.0.1:6381"), ClusterError("TTL exhausted."),
                 RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")):
-        assert await g.run("get", failing(err, "B:2"), key="b1") is None  # type: ignore[arg-type]
+        assert await g.run("get", failing(err, "B:2"), key="b1") is None
         assert g.up
 
 
@@ -131,9 +133,9 @@ async def test_the_whole_cluster_unreachable_skips_every_key(
     guard: tuple[RedisGuard, FakeTopology, CollectorRegistry],
 ) -> None:
     g, _, _ = guard
-    assert await g.run("get", failing(RedisClusterException("Redis Cluster cannot be connected")), key=None) is None  # type: ignore[arg-type]
-    g.topology = type("T", (FakeTopology,), {"blame": lambda self, err, targets: {WHOLE}})()  # type: ignore[assignment]
-    assert await g.run("get", failing(RedisClusterException("cannot be connected")), key="a1") is None  # type: ignore[arg-type]
+    assert await g.run("get", failing(RedisClusterException("Redis Cluster cannot be connected")), key=None) is None
+    g.topology = type("T", (FakeTopology,), {"blame": lambda self, err, targets: {WHOLE}})()
+    assert await g.run("get", failing(RedisClusterException("cannot be connected")), key="a1") is None
     assert await g.run("get", ok, key="a1") is None and await g.run("get", ok, key="b1") is None
     assert g.status().state == "down" and g.status().slots_unavailable == SLOTS
 
@@ -146,6 +148,9 @@ async def test_the_whole_cluster_unreachable_skips_every_key(
     (ReadOnlyError("READONLY"), "failover"), (MovedError("1 h:1"), "moved"), (AskError("1 h:1"), "moved"),
     (ClusterError("TTL exhausted."), "moved"), (RuntimeError("the handler is closed"), "closed"),
     (ResponseError("WRONGTYPE"), "other"),
+    # Sentinel: no sentinel knows a master; a demoted master answered READONLY (redis-py re-raises it so)
+    (MasterNotFoundError("No master found for 'mymaster'"), "unavailable"),
+    (RedisConnectionError("The previous master is now a slave"), "unavailable"),
 ])
 def test_errors_are_classified(err: BaseException, kind: str) -> None:
     assert classify(err) == kind
@@ -155,4 +160,16 @@ async def test_a_cluster_url_gives_the_client_every_seed() -> None:
     client = connect("redis+cluster://127.0.0.1:1,127.0.0.1:2,[::1]:3")
     assert isinstance(client, SeededCluster)
     assert set(client.nodes_manager.startup_nodes) == {"127.0.0.1:1", "127.0.0.1:2", "::1:3"}
+    await client.aclose()
+
+
+async def test_an_error_no_node_is_named_on_is_blamed_by_its_message_never_on_the_whole_cluster() -> None:
+    """A pipeline's or a keyless call's connection error carries no node: before, it switched every master off."""
+    client = connect("redis+cluster://127.0.0.1:1")
+    topology = Topology(client)
+    refused = RedisConnectionError("Error 111 connecting to 127.0.0.1:57249. Connect call failed")
+    assert topology.blame(refused, {WHOLE}) == {"127.0.0.1:57249"}
+    assert topology.blame(RedisConnectionError("Connection reset by peer"), {WHOLE}) == set()
+    assert topology.blame(RedisConnectionError("reset"), {"10.0.0.1:6379"}) == {"10.0.0.1:6379"}
+    assert topology.blame(RedisClusterException("Redis Cluster cannot be connected"), {"10.0.0.1:6379"}) == {WHOLE}
     await client.aclose()
