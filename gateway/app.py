@@ -38,6 +38,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pipeline import RequestPath
 from gateway.routing.affinity import AffinityStage
 from gateway.routing.detour import DetourStage
+from gateway.routing.spill import SpillStage
 from gateway.routing.ranking import RankStage
 from gateway.routing.session import SessionStage
 from gateway.routing.tiers import RouteStage
@@ -146,6 +147,7 @@ def _request_path(gateway: Gateway, upstream: UpstreamClient, redis_url: str | N
         route=RouteStage(),
         session=gateway.sessions,
         detour=DetourStage(pool),
+        spill=SpillStage(pool, admission.wait, metrics),
         shadow=shadow_tap,
         cache=CacheStage(gateway.responses, semantic),
         affinity=affinity,

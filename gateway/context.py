@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
 from gateway.config.tenants import Assignment
@@ -12,6 +12,9 @@ from gateway.routing.quality import QualityChoice
 from gateway.reading import CHARS_PER_TOKEN, Reading
 from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
+
+if TYPE_CHECKING:
+    from gateway.routing.spill import SpillChoice
 
 
 class Trace(Protocol):
@@ -63,6 +66,7 @@ class RequestContext:
     predicted_ttft_s: float | None = None  # the chosen replica's predicted TTFT at admission
     brownout_from: str | None = None  # the saturated tier this request was moved away from
     rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.routing.detour)
+    spill: SpillChoice | None = None  # the spill step's decision, when the tenant's policy spills (gateway.routing.spill)
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)

@@ -98,6 +98,14 @@ class GatewayMetrics:
             "gateway_brownouts", "Requests moved to a faster tier because theirs was saturated",
             ("from_tier", "to_tier"), registry=self.registry,
         )
+        self.spills = Counter(
+            "gateway_spills", "Model 'auto' requests served by another tier because theirs was predicted to miss the "
+            "tenant's spill TTFT SLO (issue 39)", ("from_tier", "to_tier"), registry=self.registry,
+        )
+        self.spill_quality_loss = Counter(
+            "gateway_spill_quality_loss", "Predicted answer quality given up by spills (sum; divide by gateway_spills "
+            "for the mean)", ("from_tier", "to_tier"), registry=self.registry,
+        )
         self.limits_local = Counter(
             "gateway_limits_local_decisions", "Rate-limit decisions taken on this replica's share, Redis unable to "
             "decide (reason: redis_down, redis_no_answer, no_redis)", ("reason",), registry=self.registry,
@@ -123,6 +131,12 @@ class GatewayMetrics:
             tpot.observe(tpot_s)
         if cost:
             spent.inc(cost)
+
+    def spill(self, from_tier: str, to_tier: str, quality_loss: float | None) -> None:
+        """One request spilled from `from_tier` to `to_tier`, giving up `quality_loss` of predicted quality."""
+        self.spills.labels(from_tier, to_tier).inc()
+        if quality_loss is not None and quality_loss > 0:
+            self.spill_quality_loss.labels(from_tier, to_tier).inc(quality_loss)
 
     def _series(self, tier: str, status: int) -> Series:
         """The labelled children of one (tier, status), looked up once (labels() builds a key)."""

@@ -1,6 +1,6 @@
 """The request path: the stages every request runs through, in order, and what runs after the answer.
 
-    parse → policy → classify → route → session → detour → shadow → cache → affinity → rank → admission → embed
+    parse → policy → classify → route → session → detour → spill → shadow → cache → affinity → rank → admission → embed
     → proxy,  then  account → finishers
 
 The route is its steps (gateway.routing), each a field here: the candidate tier, the session's tier, the detour
@@ -33,6 +33,7 @@ from gateway.routing.affinity import AffinityStage
 from gateway.routing.detour import DetourStage
 from gateway.routing.ranking import RankStage
 from gateway.routing.session import SessionStage
+from gateway.routing.spill import SpillStage
 from gateway.routing.tiers import RouteStage
 from gateway.stages.account import Accountant
 from gateway.stages.admission import AdmissionStage
@@ -77,6 +78,7 @@ class RequestPath:
     route: RouteStage  # the candidate tier: the model named, or 'auto' by quality floor, band or default
     session: SessionStage  # the conversation's tier when above the routed one (it only moves up)
     detour: DetourStage  # 'auto' on a tier with no healthy replica: the nearest healthy tier
+    spill: SpillStage  # 'auto' on a tier predicted to miss the tenant's spill SLO: a tier predicted to meet it
     shadow: ShadowTap  # the tier known: whether this answer is also asked of the shadow tier
     cache: CacheStage = field(metadata=traced(CACHE))  # a stored answer to a repeated deterministic request
     affinity: AffinityStage  # the replica holding the prompt's prefix (a lookup)
@@ -95,7 +97,7 @@ class RequestPath:
 
     def routing_steps(self) -> tuple[RoutingStep, ...]:
         """The route's steps, in order: what `route explain` runs dry."""
-        return (self.route, self.session, self.detour, self.affinity, self.rank)
+        return (self.route, self.session, self.detour, self.spill, self.affinity, self.rank)
 
     async def run(self, ctx: RequestContext) -> Reply:
         """Run the stages in order until one replies."""

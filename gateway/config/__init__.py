@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gateway.config.loader import ConfigError, ConfigIssue, check_file, load_policy, load_routes, locate
-from gateway.config.policies import Limits, MaxTokens, PolicyConfig, Tenant
+from gateway.config.policies import Limits, MaxTokens, PolicyConfig, Spill, Tenant
 from gateway.config.routes import Replica, RoutesConfig, Tier
 from gateway.config.tenants import TenantPolicy, compile_tenants
 
@@ -23,6 +23,7 @@ __all__ = [
     "PolicyConfig",
     "Replica",
     "RoutesConfig",
+    "Spill",
     "Tenant",
     "TenantPolicy",
     "Tier",

@@ -211,6 +211,19 @@ class Shadow(Frozen):
         return self
 
 
+class Spill(Frozen):
+    """Model 'auto' under load (issue 39): when the chosen tier's best replica is predicted to answer later than
+    `ttft_slo_ms` (queue included), the cheapest tier predicted to meet it and to lose at most `max_quality_loss`
+    of predicted quality serves instead (with bands only: the next tier down); else the choice stays."""
+
+    ttft_slo_ms: float = Field(gt=0, description="spill when the chosen tier's predicted TTFT exceeds this")
+    max_quality_loss: float = Field(
+        default=0.02, ge=0.0, le=1.0,
+        description="the predicted quality a spill may give up (quality_floor's predictions; bands: next tier down)")
+    spill_up: bool = Field(
+        default=False, description="a dearer tier may serve too (a saturated small tier, an idle large one)")
+
+
 def _check_experiments(experiments: tuple[Experiment, ...] | None) -> tuple[Experiment, ...] | None:
     if not experiments:
         return experiments
@@ -262,6 +275,9 @@ class Limits(Frozen):
     shadow: Shadow | None = None
     resume: Resume | None = Field(default=None, description="mid-stream failover by continuation (default: on, 2 tries)")
     sessions: Sessions | None = Field(default=None, description="sticky tiers per conversation (default: off)")
+    spill: Spill | Literal[False] | None = Field(
+        default=None, description="model 'auto': another tier when the chosen one is predicted to miss a TTFT SLO "
+        "(false: off where the top level sets it)")
 
     @field_validator("experiments")
     @classmethod

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.config.policies import (
     IMPLICIT_CONTROL, Arm, CacheRule, Experiment, Limits, MaxTokens, OutputCap, PolicyConfig, Priority, RateLimit,
-    Resume, Routing, Sessions, Shadow,
+    Resume, Routing, Sessions, Shadow, Spill,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class TenantPolicy:
     plan: ExperimentPlan | None = field(default=None, hash=False)  # compiled: gateway.experiments.assign reads it
     resume: Resume | None = None  # None: resume on, with the defaults (issue 32)
     sessions: Sessions | None = None  # None: no sticky tiers
+    spill: Spill | None = None  # None: no spill under load (gateway.routing.spill)
 
     def allows(self, tier: str) -> bool:
         return self.allowed_tiers is None or tier in self.allowed_tiers
@@ -90,11 +91,18 @@ def _resolve(name: str, own: Limits, policy: PolicyConfig) -> TenantPolicy:
         shadow=_first(own.shadow, policy.shadow),
         resume=_first(own.resume, policy.resume),
         sessions=_first(own.sessions, policy.sessions),
+        spill=_spill(own.spill, policy.spill),
     )
 
 
 def _first(own: T | None, inherited: T | None) -> T | None:
     return inherited if own is None else own
+
+
+def _spill(own: Spill | bool | None, inherited: Spill | bool | None) -> Spill | None:
+    """A spill rule as the request path reads it: `false` (off, even where the top level sets one) and unset: None."""
+    value = inherited if own is None else own
+    return value if isinstance(value, Spill) else None
 
 
 def _floor(value: float | bool | None) -> float | None:

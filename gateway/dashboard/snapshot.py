@@ -37,6 +37,7 @@ def snapshot(window: LiveWindow, config: GatewayConfig, gates: Mapping[str, Tier
         "goodput": [_goodput([s for s in slot.tiers.values()]) if slot else None for slot in timeline],
         "summary": {name: _tier_summary(slots, name) for name in tiers},
         "refusals": _refusals(timeline),
+        "spills": _spills(timeline),
         "admission": {name: {"limit": gate.slots, "in_flight": gate.in_flight, "queued": len(gate.queue)}
                       for name, gate in sorted(gates.items())},
         "difficulty": difficulty,
@@ -94,6 +95,12 @@ def _goodput(cells: list[TierSlot]) -> float | None:
 def _refusals(timeline: list[Slot | None]) -> dict[str, list[float]]:
     reasons = sorted({reason for slot in timeline if slot for reason in slot.refusals})
     return {reason: [slot.refusals[reason] / SLOT_S if slot else 0.0 for slot in timeline] for reason in reasons}
+
+
+def _spills(timeline: list[Slot | None]) -> dict[str, list[float]]:
+    """Requests per second spilled from one tier to another (issue 39), per slot."""
+    moves = sorted({move for slot in timeline if slot for move in slot.spills})
+    return {move: [slot.spills[move] / SLOT_S if slot else 0.0 for slot in timeline] for move in moves}
 
 
 def _ms(bins: list[int], q: float) -> float | None:

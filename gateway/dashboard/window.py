@@ -73,6 +73,7 @@ class Slot:
     index: int  # seconds since the epoch // SLOT_S
     tiers: dict[str, TierSlot] = field(default_factory=dict)
     refusals: Counter[str] = field(default_factory=Counter)  # 429/503 by reason
+    spills: Counter[str] = field(default_factory=Counter)  # 'from->to': requests spilled (gateway.routing.spill)
     cache: Counter[str] = field(default_factory=Counter)
     difficulty: list[int] = field(default_factory=lambda: [0] * DIFFICULTY_BINS)
 
@@ -113,6 +114,8 @@ class LiveWindow:
         if ctx.status in (429, 503):
             slot.refusals[ctx.error or "overloaded"] += 1
         slot.cache[ctx.cache] += 1
+        if ctx.spill is not None and ctx.spill.target is not None:
+            slot.spills[f"{ctx.spill.chosen.tier.name}->{ctx.spill.tier.name}"] += 1
         if ctx.difficulty is not None:
             slot.difficulty[min(DIFFICULTY_BINS - 1, int(ctx.difficulty * DIFFICULTY_BINS))] += 1
         self._book(ctx.tenant_name, now, ctx.cost_usd, saved_usd)

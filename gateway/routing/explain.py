@@ -29,6 +29,7 @@ from gateway.routing.detour import DetourStage
 from gateway.routing.ranking import RankStage
 from gateway.routing.session import SessionStage
 from gateway.routing.sessions import SessionStore
+from gateway.routing.spill import SpillStage
 from gateway.routing.tiers import RouteStage
 from gateway.stages.classify import ClassifyStage
 from gateway.stages.parse import ParseStage
@@ -44,7 +45,7 @@ class RoutingStep(Protocol):
 
 def file_steps(pool: ReplicaPool, sessions: SessionStore | None = None) -> tuple[RoutingStep, ...]:
     """The route's steps over a pool that has seen no traffic (`route explain` from the files)."""
-    return (RouteStage(), SessionStage(sessions), DetourStage(pool), AffinityStage(), RankStage(pool))
+    return (RouteStage(), SessionStage(sessions), DetourStage(pool), SpillStage(pool), AffinityStage(), RankStage(pool))
 
 
 def find_tenant(config: GatewayConfig, name: str) -> TenantPolicy:
@@ -90,6 +91,8 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
     report["tier"] = ctx.tier.name
     if ctx.rerouted_from is not None:
         report["rerouted_from"] = ctx.rerouted_from
+    if ctx.spill is not None:  # what spill would do at the current load (from the files: an idle fleet)
+        report["spill"] = ctx.spill.report()
     report["candidates"] = [_candidate(pool, ctx, r, live) for r in ctx.candidates]
     report["cache"] = await _cache(ctx, tenant, responses)
     if ctx.candidates or not ctx.tier.replicas:

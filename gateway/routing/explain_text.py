@@ -25,6 +25,8 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         out.append(_line("tier", report["tier"]))
     if report.get("rerouted_from"):
         out.append(_line("rerouted from", f"{report['rerouted_from']} (no replica of it may be tried now)"))
+    if (spill := report.get("spill")) is not None:
+        out.append(_line("spill", _spill(spill)))
     if (session := report.get("session")) is not None:
         out.append(_line("session", f"{_none(session['holds'], 'no tier yet')}: {session['effect']}"))
     out += [_line(f"candidate {i + 1}", _candidate(c)) for i, c in enumerate(report.get("candidates") or ())]
@@ -32,6 +34,17 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         out += _cache(cache)
     out.append(_line("decision", _decision(report["decision"])))
     return out
+
+
+def _spill(spill: Mapping[str, Any]) -> str:
+    """What spill would do at the current load, and the predictions it compares."""
+    chosen, to = spill["from"], spill["to"]
+    if to is None:
+        return f"would keep {chosen['tier']} (SLO {spill['slo_ms']:g} ms): {spill['reason']}"
+    loss = spill["quality_loss"]
+    given = "" if loss is None else f", quality given up {loss:.4f}"
+    return (f"would spill {chosen['tier']} -> {to['tier']}: predicted {chosen['ttft_ms']} ms > SLO {spill['slo_ms']:g} "
+            f"ms, {to['tier']} {to['ttft_ms']} ms{given}")
 
 
 def _line(key: str, value: object) -> str:

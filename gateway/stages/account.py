@@ -87,6 +87,8 @@ class Accountant:
             "predicted_ttft_ms": _ms(ctx.predicted_ttft_s),
             "brownout_from": ctx.brownout_from,
             "rerouted_from": ctx.rerouted_from,
+            "spilled_from": ctx.spill.spilled_from if ctx.spill else None,  # issue 39: and both tiers' predictions
+            "spill": ctx.spill.report() if ctx.spill and ctx.spill.target else None,
             "max_tokens": ctx.max_tokens,
             "max_tokens_clamped_from": ctx.max_tokens_asked,
             "attempts": ctx.attempts,

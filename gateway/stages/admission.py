@@ -13,6 +13,7 @@ import structlog
 from gateway.admission.gate import TierGate
 from gateway.backends.pool import ReplicaPool
 from gateway.config import GatewayConfig, Tier
+from gateway.config.policies import Priority
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, Overloaded
 from gateway.metrics import GatewayMetrics
@@ -40,6 +41,11 @@ class AdmissionStage:
             gate = self._gates[tier.name] = TierGate(tier.name, ctx.config.routes.admission, self._metrics)
             gate.capacity = self._pool.capacity(tier)
         return gate
+
+    def wait(self, tier: Tier, priority: Priority) -> float:
+        """Seconds a request of `priority` would wait for a slot of `tier` now (0: room, or no gate yet)."""
+        gate = self._gates.get(tier.name)
+        return 0.0 if gate is None else gate.expected_wait(priority)
 
     def configure(self, config: GatewayConfig) -> None:
         """A new config version: the gates take its settings and their tiers' capacity (learned limits stay)."""

@@ -14,6 +14,7 @@ from gateway.context import RequestContext
 from gateway.routing.detour import DetourStage
 from gateway.routing.ranking import RankStage
 from gateway.routing.session import SessionStage
+from gateway.routing.spill import SpillStage
 from gateway.routing.tiers import RouteStage
 from gateway.stages.parse import ParseStage
 from gateway.testing.builders import TEST_API_KEY
@@ -37,9 +38,10 @@ async def parsed_context(config: GatewayConfig, body: Mapping[str, Any], *, api_
 async def routed(ctx: RequestContext, pool: ReplicaPool | None = None, *,
                  sessions: SessionStage | None = None) -> RequestContext:
     """`ctx` (past the policy stage) through the route's steps as the request path orders them: the candidate
-    tier, the session (when given), the detour, the ranking (no prefix store: no affinity)."""
+    tier, the session (when given), the detour, the spill, the ranking (no prefix store: no affinity)."""
     pool = pool or ReplicaPool()
-    steps = (RouteStage(), *((sessions,) if sessions is not None else ()), DetourStage(pool), RankStage(pool))
+    steps = (RouteStage(), *((sessions,) if sessions is not None else ()), DetourStage(pool), SpillStage(pool),
+             RankStage(pool))
     for step in steps:
         await step(ctx)
     return ctx

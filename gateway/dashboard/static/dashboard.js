@@ -76,7 +76,8 @@ function render(d) {
   draw("panel-goodput", times, [{ label: slo ? "goodput %" : "no SLO",
                                   values: d.goodput.map(g => g === null || !slo ? null : 100 * g) }],
        { yRange: [0, 100] });
-  const refusals = Object.entries(d.refusals).map(([reason, values]) => ({ label: reason, values }));
+  const refusals = Object.entries(d.refusals).map(([reason, values]) => ({ label: reason, values }))
+    .concat(Object.entries(d.spills || {}).map(([move, values]) => ({ label: "spilled " + move, values })));
   draw("panel-admission", times, refusals.length ? refusals : [{ label: "refused", values: times.map(() => 0) }]);
   const bins = d.difficulty.map((_, i) => (i + 0.5) / d.difficulty.length);
   draw("panel-routing", bins, [{ label: "requests by difficulty", values: d.difficulty }], { bars: true });

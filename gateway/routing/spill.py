@@ -1,0 +1,180 @@
+"""Spill: model 'auto' whose chosen tier is queued goes to a tier predicted to answer within the tenant's TTFT SLO.
+
+Per tenant, `spill: {ttft_slo_ms: N, max_quality_loss: Q, spill_up: false}` (issue 39). When the chosen tier's best
+replica's predicted TTFT (the number the ranking computes, the backend's queue included, plus the wait for a slot
+of the tier's admission gate) exceeds N, the cheapest tier the tenant may use whose prediction meets N and whose
+predicted quality (quality_floor's predictions) is at most Q below the chosen tier's serves instead; with no
+quality prediction (bands only) that is the next tier down. `spill_up` lets a dearer tier serve too (a saturated
+small tier, an idle large one: with predictions, one at most Q below, usually above; bands only: the next tier up
+when the one down does not meet the SLO). Else the choice stays (admission then queues or sheds).
+
+Exactly at the SLO is within it (no spill); exactly Q below is allowed. Said in the `x-gateway-spilled-from`
+response header, the log line (`spilled_from` with both tiers' predicted TTFT and quality), the `gateway_spills`
+metric, the dashboard and `route explain` (what it would do at the current load).
+
+`spill_tier` is the decision, a pure function of the rule and the tiers' forecasts (`gateway whatif` can call it);
+`SpillStage` is the step of the request path that forecasts each tier over the live pool and admission gates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import structlog
+
+from gateway.backends.pool import ReplicaPool
+from gateway.config import Spill, TenantPolicy, Tier
+from gateway.config.policies import Priority
+from gateway.context import RequestContext
+from gateway.metrics import GatewayMetrics
+from gateway.routing.quality import TIE
+from gateway.types import AUTO_MODEL, Reply
+
+log = structlog.get_logger("gateway.route")
+
+Wait = Callable[[Tier, Priority], float]  # seconds a request would wait for a slot of the tier's admission gate
+
+
+class Forecast(NamedTuple):
+    """One tier as spill sees it for this request."""
+
+    tier: Tier
+    ttft_s: float | None  # its best replica's predicted TTFT, queue included (None: no replica may be tried)
+    quality: float | None = None  # its predicted answer quality (None: no prediction)
+
+
+class SpillChoice(NamedTuple):
+    """What spill decided: the tier serving, and both tiers' predictions."""
+
+    tier: Tier  # the tier that serves
+    chosen: Forecast  # the tier routing chose (the one that serves when nothing spilled)
+    target: Forecast | None  # the tier spilled to (None: kept)
+    slo_s: float
+    reason: str
+
+    @property
+    def spilled_from(self) -> str | None:
+        return None if self.target is None else self.chosen.tier.name
+
+    @property
+    def quality_loss(self) -> float | None:
+        """Predicted quality given up by the spill (negative: gained; None: kept, or not predicted)."""
+        target = self.target
+        if target is None or target.quality is None or self.chosen.quality is None:
+            return None
+        return self.chosen.quality - target.quality
+
+    def report(self) -> dict[str, object]:
+        """The decision as data: the log line's `spill` field and `route explain`'s."""
+        return {"slo_ms": round(self.slo_s * 1000, 3), "from": _forecast(self.chosen),
+                "to": None if self.target is None else _forecast(self.target),
+                "quality_loss": None if (loss := self.quality_loss) is None else round(loss, 4),
+                "reason": self.reason}
+
+
+def _forecast(forecast: Forecast) -> dict[str, object]:
+    return {"tier": forecast.tier.name,
+            "ttft_ms": None if forecast.ttft_s is None else round(forecast.ttft_s * 1000, 1),
+            "quality": None if forecast.quality is None else round(forecast.quality, 4)}
+
+
+def spill_tier(rule: Spill, chosen: Forecast, ladder: Sequence[Forecast]) -> SpillChoice:
+    """The tier serving a request routed to `chosen.tier`. `ladder`: the tiers the tenant may use for it, cheapest
+    first, `chosen` among them (by quality: those with a prediction; by bands: the routes file's order). With a
+    quality prediction for the chosen tier, spill goes by quality; without one, to the next tier down (or up)."""
+    slo = rule.ttft_slo_ms / 1000
+    if chosen.ttft_s is None or chosen.ttft_s <= slo:
+        why = "no replica may be tried" if chosen.ttft_s is None else f"{_ms(chosen.ttft_s)} within the SLO"
+        return SpillChoice(chosen.tier, chosen, None, slo, f"kept {chosen.tier.name}: {why}")
+    position = next((i for i, f in enumerate(ladder) if f.tier.name == chosen.tier.name), None)
+    if position is None:
+        return SpillChoice(chosen.tier, chosen, None, slo, f"kept {chosen.tier.name}: not on the tenant's ladder")
+    if chosen.quality is not None:
+        below = ladder[:position]
+        above = ladder[position + 1:] if rule.spill_up else ()
+        bar = chosen.quality - rule.max_quality_loss - TIE
+        fits = [f for f in (*below, *above) if f.ttft_s is not None and f.ttft_s <= slo
+                and f.quality is not None and f.quality >= bar]
+        how = f"quality at least {chosen.quality - rule.max_quality_loss:.3f}"
+    else:  # bands only: the neighbours
+        near = [*ladder[position - 1:position], *(ladder[position + 1:position + 2] if rule.spill_up else ())]
+        fits = [f for f in near if f.ttft_s is not None and f.ttft_s <= slo]
+        how = "the next tier down" + (" or up" if rule.spill_up else "")
+    over = f"{chosen.tier.name} predicted {_ms(chosen.ttft_s)} > SLO {rule.ttft_slo_ms:g} ms"
+    if not fits:
+        return SpillChoice(chosen.tier, chosen, None, slo, f"kept {chosen.tier.name}: {over}; no tier within the "
+                           f"SLO with {how}")
+    target = fits[0]  # the cheapest
+    quality = "" if target.quality is None or chosen.quality is None else \
+        f", quality {target.quality:.3f} vs {chosen.quality:.3f}"
+    return SpillChoice(target.tier, chosen, target, slo,
+                       f"spilled: {over}; {target.tier.name} predicted {_ms(target.ttft_s)}{quality}")
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+class SpillStage:
+    """The spill step over the live pool: each tier's best predicted TTFT plus its admission wait (`wait`)."""
+
+    def __init__(self, pool: ReplicaPool, wait: Wait | None = None, metrics: GatewayMetrics | None = None) -> None:
+        self._pool = pool
+        self._wait = wait
+        self._metrics = metrics
+
+    async def __call__(self, ctx: RequestContext) -> Reply | None:
+        self._decide(ctx, dry=False)
+        return None
+
+    async def dry(self, ctx: RequestContext) -> None:
+        self._decide(ctx, dry=True)
+
+    def forecast(self, ctx: RequestContext, tier: Tier, quality: float | None = None) -> Forecast:
+        """`tier`'s best replica's predicted TTFT for this request, plus the wait for a slot of its gate."""
+        tokens = ctx.prompt_tokens_est
+        best = min((self._pool.predict(tier, r, tokens) for r in tier.replicas
+                    if self._pool.state(r, tier).available()), default=None)
+        if best is not None and self._wait is not None:
+            best += self._wait(tier, ctx.tenant.priority if ctx.tenant is not None else "interactive")
+        return Forecast(tier, best, quality)
+
+    def _decide(self, ctx: RequestContext, dry: bool) -> None:
+        tenant, tier = ctx.tenant, ctx.tier
+        if tenant is None or tenant.spill is None or tier is None or ctx.model_requested != AUTO_MODEL \
+                or tier.endpoint != "chat" or not tier.replicas:
+            return
+        qualities = {o.tier: o.quality for o in ctx.quality_choice.options} if ctx.quality_choice else {}
+        chosen = self.forecast(ctx, tier, qualities.get(tier.name))
+        if chosen.ttft_s is not None and chosen.ttft_s <= tenant.spill.ttft_slo_ms / 1000:
+            ctx.spill = SpillChoice(tier, chosen, None, tenant.spill.ttft_slo_ms / 1000,
+                                    f"kept {tier.name}: {_ms(chosen.ttft_s)} within the SLO")
+            return  # the common case: nothing else forecast
+        ladder = [chosen if t is tier else self.forecast(ctx, t, qualities.get(t.name))
+                  for t in self._ladder(ctx, tenant, tier, qualities)]
+        choice = spill_tier(tenant.spill, chosen, ladder)
+        ctx.spill = choice
+        if choice.target is None:
+            return
+        ctx.tier = choice.tier
+        ctx.route_reason = f"{choice.reason} ({ctx.route_reason})" if ctx.route_reason else choice.reason
+        if not dry:
+            if self._metrics is not None:
+                self._metrics.spill(tier.name, choice.tier.name, choice.quality_loss)
+            log.info("spilled", request_id=ctx.request_id, from_tier=tier.name, to_tier=choice.tier.name)
+
+    @staticmethod
+    def _ladder(ctx: RequestContext, tenant: TenantPolicy, chosen: Tier,
+                qualities: dict[str, float]) -> list[Tier]:
+        """The tiers that may serve the request, cheapest first: by quality, those with a prediction in the
+        options' (price) order; else the chat tiers in the routes file's order."""
+        tiers = ctx.config.tiers
+        if chosen.name in qualities:
+            assert ctx.quality_choice is not None
+            order = [tiers[o.tier] for o in ctx.quality_choice.options if o.tier in tiers]
+        else:
+            order = list(ctx.config.routes.tiers)
+        return [t for t in order if t is chosen or (
+            t.endpoint == "chat" and t.replicas and tenant.allows(t.name)
+            and (ctx.max_tokens is None or ctx.max_tokens <= t.context_window))]
