@@ -26,7 +26,8 @@ from gateway.testing import gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
 from tests.integration.test_replicas import Replica, spawn_emulator, start_gateways
 
-PROMPT = "hi"  # 2 characters: the admission estimate of a request is its max_tokens
+PROMPT = "hi"  # 2 characters: the admission charge of a request is 1 input token + its max_tokens
+PROMPT_TOKENS = 1  # the reading's estimate of "hi" (gateway.reading: characters / 4, rounded up)
 TOKENS = 50  # max_tokens of a token-limited request (the backend streams them all: ~0.4 s)
 # (tenant, requests sent at once, the limit, what is limited): one fresh tenant per burst
 BURSTS = [("r30", 60, 30, "requests"), ("r100", 300, 100, "requests"),
@@ -38,7 +39,7 @@ def key_of(tenant: str) -> str:
 
 
 def tenant(name: str, limit: int, kind: str) -> dict[str, Any]:
-    per_min = {"requests_per_min": limit} if kind == "requests" else {"tokens_per_min": limit * TOKENS}
+    per_min = {"requests_per_min": limit} if kind == "requests" else {"tokens_per_min": limit * (PROMPT_TOKENS + TOKENS)}
     return {"name": name, "api_key_sha256": hashlib.sha256(key_of(name).encode()).hexdigest(), "rate_limit": per_min}
 
 
