@@ -82,8 +82,7 @@ def create_app(
     collector.register(gateway.pool, metrics.registry)
     gateway.accountant.prepare(config)  # load tokenizers now, never on the request path
     if config_files is not None:
-        gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.accountant.prepare,
-                                          serving=config)
+        gateway.reloader = ConfigReloader(*config_files, apply=gateway.serve, prepare=gateway.prepare, serving=config)
     app = web.Application(client_max_size=BODY_CEILING, handler_args=limits.handler_args())
     app[GATEWAY] = gateway
 
@@ -104,6 +103,7 @@ def create_app(
             await _close_experiments(gateway)
             await writes.drain()
             await upstream.close()
+            gateway.close_predictor()
             if sentences is not None:
                 await sentences.aclose()
             if gateway.redis is not None:

@@ -41,6 +41,7 @@ class Gateway:
     reloader: ConfigReloader | None = None
     scorer: DifficultyScorer | None = None
     predictor: QualityPredictor | None = None  # per-tier answer quality for quality_floor routing
+    predictor_owned: bool = False  # the predictor was loaded by a reload (closed with the app), not given
     responses: ResponseCache | None = None
     replicas: Replicas | None = None
     tracing: Tracing | None = None
@@ -51,13 +52,31 @@ class Gateway:
     shadow: ShadowSender | None = None  # shadow comparisons' queue and workers
     sessions: SessionStage | None = None  # sticky-tier sessions (route stage; admin explain peeks)
 
+    def prepare(self, config: GatewayConfig) -> None:
+        """Slow work for a new config version, off the event loop (the reloader's `prepare`): its tokenizers, and
+        the quality predictor when it is the first version a tenant's quality_floor needs it in (none was loaded
+        at start); a predictor that does not load leaves those tenants on their bands, as at start."""
+        self.accountant.prepare(config)
+        if self.predictor is None:
+            from gateway.routing.tools import serving_predictor
+
+            self.predictor = serving_predictor(config, self.scorer)  # None when no tenant routes by quality
+            self.predictor_owned = self.predictor is not None
+
     def serve(self, config: GatewayConfig) -> None:
         """Swap in a new config version: requests that start from now on use it; the replicas' and the
-        admission gates' settings follow it at once."""
+        admission gates' settings follow it at once, and the classify stage the predictor `prepare` loaded."""
         self.config = config
         self.pool.configure(config.routes)
         if self.path is not None:
             self.path.admission.configure(config)
+            self.path.classify.predictor = self.predictor
+
+    def close_predictor(self) -> None:
+        """Close the predictor a reload loaded (one given to create_app is its giver's to close)."""
+        if self.predictor is not None and self.predictor_owned:
+            self.predictor.close()
+            self.predictor, self.predictor_owned = None, False
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+import gateway
 from gateway.classifier.batcher import MicroBatcher
 from gateway.classifier.difficulty import EncoderMismatch, encoder_graph, file_sha256, max_tokens_of, namespace_of
 from gateway.classifier.embedder import OFFLINE_SCOPE, CachedEmbedder, SharedEmbeddings
@@ -81,16 +82,43 @@ def read_router_metrics(model_dir: Path) -> dict[str, Any]:
 
 
 def open_rubric(metrics: dict[str, Any], model_dir: Path) -> HeadSession | None:
-    """The difficulty head the gate reads (metrics.json `gate.head`, relative to the repository's models/),
-    refused when its SHA-256 is not the one recorded; None without a gate."""
+    """The difficulty head the gate reads, refused when its SHA-256 is not the one recorded; None without a gate.
+
+    metrics.json names its folder by `gate.head`, relative to the router folder itself (`gate.head_dir` in
+    routers written before: relative to the router folder's parent). A router folder copied elsewhere finds the
+    head it was fitted with in the repository's models/ too: the first candidate with the recorded SHA-256 is
+    the one read."""
     gate = metrics.get("gate") or {}
     if not gate.get("h0"):
         return None
-    path = (model_dir.parent / str(gate["head_dir"]) / HEAD_FILE).resolve()
-    if (actual := file_sha256(path)) != gate["head_sha256"]:
+    found: list[tuple[Path, str]] = []
+    for path in rubric_candidates(gate, model_dir):
+        if path.is_file():
+            if (actual := file_sha256(path)) == gate["head_sha256"]:
+                return HeadSession(path)
+            found.append((path, actual))
+    if found:
+        path, actual = found[0]
         raise EncoderMismatch(f"{path} has sha256 {actual[:16]}..., the router's gate was set with "
                               f"{str(gate['head_sha256'])[:16]}...: retrain the router after the difficulty head")
-    return HeadSession(path)
+    tried = ", ".join(str(p) for p in rubric_candidates(gate, model_dir))
+    raise FileNotFoundError(f"the difficulty head of {model_dir}'s gate is not in {tried}")
+
+
+def rubric_candidates(gate: dict[str, Any], model_dir: Path) -> list[Path]:
+    """Where the gate's difficulty head may be, in order: as metrics.json names it, then the repository's
+    models/ folder of that name (a router folder copied away from the head it names)."""
+    if "head" in gate:
+        named = model_dir / str(gate["head"])
+    else:
+        named = model_dir.parent / str(gate["head_dir"])
+    paths = [(named / HEAD_FILE).resolve(), (shipped_models() / named.resolve().name / HEAD_FILE).resolve()]
+    return list(dict.fromkeys(paths))
+
+
+def shipped_models() -> Path:
+    """models/ of the repository the (editable) package lives in."""
+    return Path(gateway.__file__).resolve().parents[1] / "models"
 
 
 def load_quality_predictor(

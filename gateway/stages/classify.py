@@ -20,15 +20,15 @@ log = structlog.get_logger("gateway.classify")
 class ClassifyStage:
     def __init__(self, scorer: DifficultyScorer | None, predictor: QualityPredictor | None = None) -> None:
         self._scorer = scorer
-        self._predictor = predictor
+        self.predictor = predictor  # set again by a reload that loads one (gateway.state.Gateway.serve)
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         tenant = ctx.tenant
         if tenant is None or ctx.model_requested != AUTO_MODEL or ctx.endpoint == "embeddings":
             return None
-        if self._predictor is not None and tenant.quality_floor is not None:
+        if self.predictor is not None and tenant.quality_floor is not None:
             try:
-                ctx.quality = await self._predictor.predict(ctx.prompt_text(), scope=tenant_scope(tenant))
+                ctx.quality = await self.predictor.predict(ctx.prompt_text(), scope=tenant_scope(tenant))
             except Exception as err:  # the predictor is an optimisation, never a reason to fail
                 log.warning("quality_predictor_failed", request_id=ctx.request_id,
                             error=f"{type(err).__name__}: {err}")

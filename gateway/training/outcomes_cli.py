@@ -3,7 +3,7 @@ on measured outcomes: the public JSONL shape of ../shared/outcomes/ (prompt, per
 the gateway's own shadow pairs (`--shadow-pairs` of `gateway serve`) and its `/v1/feedback` (the `feedback`
 lines of the request log), in any mix (gateway.training.traffic_outcomes tells the lines apart).
 
-    gateway train --from-outcomes ../shared/outcomes/*.jsonl --out models/router
+    gateway train --from-outcomes ../shared/outcomes/*.jsonl --out models/router --force   # the shipped one
     gateway train --from-outcomes .gateway/shadow-pairs.jsonl requests.log --routes routes/local.yaml --out DIR
 
 Traffic names a tier; the router predicts for measured models: `--routes` maps each tier to its quality_model
@@ -63,6 +63,11 @@ def router_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from gateway.training.router_train import shipped_router_refusal
+
+    if (refusal := shipped_router_refusal(args.out, args.force)) is not None:
+        print(f"gateway train --from-outcomes: {refusal}", file=sys.stderr)
+        return 2
     from gateway.config import ConfigError
 
     try:

@@ -1,6 +1,6 @@
 """`gateway train --from-outcomes FILE...`: fit the quality router on measured outcomes and write models/router.
 
-    gateway train --from-outcomes ../shared/outcomes/*.jsonl --out models/router [--embed-cache .cache/router]
+    gateway train --from-outcomes ../shared/outcomes/*.jsonl [--out models/router --force] [--embed-cache .cache/router]
         [--l2 3] [--alpha 0.25] [--gate 0.2]
 
 Reads the outcome JSONL shape (gateway.training.outcomes), embeds the prompts with the difficulty classifier's
@@ -43,6 +43,7 @@ KNN_K = 25
 DEFAULT_ALPHA = 1.0
 DEFAULT_GATE = 0.5
 METRICS_FILE = "metrics.json"
+SHIPPED_ROUTER = DIFFICULTY_DIR.parent / "router"  # the repository's models/router
 
 
 def export_router(router: LinearRouter, out_dir: Path, metrics: dict[str, Any], gate_h0: float = 0.0,
@@ -85,6 +86,14 @@ def describe(rows: Sequence[OutcomeRow], data: OutcomeSet, paths: Sequence[Path]
     }
 
 
+def gate_of(difficulty_dir: Path, out_dir: Path, gate_h0: float) -> dict[str, Any]:
+    """metrics.json's `gate`: the difficulty head's folder relative to the router folder itself (`head`: the pair
+    moves together; gateway.classifier.quality also finds the head in the repository's models/), and its SHA-256."""
+    return {"h0": gate_h0, "head": Path(os.path.relpath(difficulty_dir.resolve(), out_dir.resolve())).as_posix(),
+            "head_sha256": file_sha256(difficulty_dir / HEAD_FILE),
+            "formula": "quality = 1 - h / (h + h0) * (1 - measured), h = the difficulty head's P(hard)"}
+
+
 def train_router(
     rows: Sequence[OutcomeRow], out_dir: Path, *, l2: float = DEFAULT_L2, gate_h0: float = DEFAULT_GATE,
     alpha: float = DEFAULT_ALPHA, k: int = KNN_K, cache_dir: Path | None = None,
@@ -105,9 +114,7 @@ def train_router(
         "models": list(router.models),
         "encoder": {k: enc[k] for k in ("graph", "layers", "pooled", "max_tokens", "variant", "file", "sha256")},
         "features": {"embedding": 384, "names": list(NAMES)},
-        "gate": {"h0": gate_h0, "head_dir": Path(os.path.relpath(difficulty_dir.resolve(), out_dir.resolve().parent)).as_posix(),
-                 "head_sha256": file_sha256(difficulty_dir / HEAD_FILE),
-                 "formula": "quality = 1 - h / (h + h0) * (1 - measured), h = the difficulty head's P(hard)"},
+        "gate": gate_of(difficulty_dir, out_dir, gate_h0),
         "training": {"l2": l2, "fit": "fit_linear (per-model logistic, soft targets, damped Newton)",
                      "blend_alpha": alpha, "knn_k": k,
                      "seconds": round(time.perf_counter() - started, 2)},
@@ -121,7 +128,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gateway train --from-outcomes", description="Fit the quality router.")
     p.add_argument("--from-outcomes", dest="files", type=Path, nargs="+", required=True, metavar="FILE",
                    help="outcome JSONL files: prompt, scores {model: [0, 1]}, optional task/source/cost_usd")
-    p.add_argument("--out", type=Path, default=Path("models/router"), help="model folder to write")
+    p.add_argument("--out", type=Path, default=Path("models/router"),
+                   help="model folder to write (default: %(default)s; the shipped router is replaced only with --force)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the shipped router (models/router of this repository) when --out names it")
     p.add_argument("--l2", type=float, default=DEFAULT_L2, help="L2 strength of each logistic output")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help="weight of the logistic outputs in the blend with kNN (1: no kNN table)")
@@ -134,9 +144,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def shipped_router_refusal(out: Path, force: bool) -> str | None:
+    """Why `--out` may not be written: it is the router this repository ships (None: go ahead)."""
+    if force or not (out / METRICS_FILE).is_file() or out.resolve() != SHIPPED_ROUTER.resolve():
+        return None
+    return (f"{out} is the shipped router: pass --force to replace it, or --out another folder (e.g. "
+            "models/router-ours, then `quality_predictor: models/router-ours` in the policy)")
+
+
 def run_from_outcomes(argv: Sequence[str] | None = None) -> int:
     """CLI entry; 0 done, 2 bad arguments or data."""
     args = parser().parse_args(argv)
+    if (refusal := shipped_router_refusal(args.out, args.force)) is not None:
+        print(f"gateway train: {refusal}", file=sys.stderr)
+        return 2
     try:
         rows = read_outcomes(args.files)
         metrics = train_router(rows, args.out, l2=args.l2, gate_h0=args.gate, alpha=args.alpha, cache_dir=args.embed_cache, difficulty_dir=args.difficulty,

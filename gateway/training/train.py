@@ -198,7 +198,8 @@ WAYS_IN = """every way in:
   --from-outcomes FILE...       measured outcomes (prompt + per-model scores in [0, 1], optional cost, as in
                                 ../shared/outcomes/), shadow pairs, and /v1/feedback (the request log's
                                 `feedback` lines), in any mix: the quality router that quality_floor routes on
-                                (`gateway train --from-outcomes FILE --help`)"""
+                                (--out default: models/router, the shipped router, replaced only with --force;
+                                `gateway train --from-outcomes FILE --help`)"""
 
 
 def _parser() -> argparse.ArgumentParser:
