@@ -164,13 +164,14 @@ class Lease:
     estimated length, `cached` the part of it warm in the replica's prefix cache."""
 
     __slots__ = ("replica", "_balancing", "_state", "_own_tokens", "_work", "_queue_s", "_sent_at", "_first_at",
-                 "_estimated_at", "_held")
+                 "_estimated_at", "_held", "_predicted_s")
 
     def __init__(self, pool: ReplicaPool, replica: Replica, tier: Tier, tokens: int, cached: int,
                  balancing: Balancing) -> None:
         self.replica = replica
         self._balancing = balancing
         state = self._state = pool.state(replica, tier)
+        self._predicted_s = pool.predict(tier, replica, tokens, cached)  # what ranking expected of it (calibration)
         self._work = state.work(tokens, cached)
         self._queue_s = state.queue_s()
         self._own_tokens = max(0, tokens - cached)
@@ -180,6 +181,7 @@ class Lease:
         self._held = True
         state.in_flight += 1
         state.pending_tokens += self._own_tokens
+        state.sent_tokens += self._own_tokens
         state.pending += 1
         state.sent += 1
         state.last_pick = pool.next_pick()
@@ -200,7 +202,7 @@ class Lease:
         self._state.pending -= 1
         settings = self._balancing
         self._state.observe_ttft(self._first_at - self._sent_at, self._work, self._queue_s, settings.ewma_alpha,
-                                 settings.explore_after_s)
+                                 settings.explore_after_s, predicted_s=self._predicted_s)
 
     def release(self, failed: bool = False, completion: int = 0, decode_s: float | None = None) -> None:
         """The attempt ended (`failed`: the replica's fault), after `completion` output tokens. A non-streamed

@@ -39,6 +39,7 @@ GAUGES = {
     "llamacpp:requests_deferred": "waiting",
 }
 PREFIXES = ("vllm:", "llamacpp:")
+PREFILLED = "llamacpp:prompt_tokens_total"  # prompt tokens prefilled since start (its prompt cache's hits left out)
 
 log = structlog.get_logger("gateway.probe")
 
@@ -50,7 +51,7 @@ def parse_load(text: str, at: float) -> BackendLoad | None:
         if not line.startswith(PREFIXES):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        field = GAUGES.get(name)
+        field = "prompt_tokens" if name == PREFILLED else GAUGES.get(name)
         if field is None:
             continue
         try:
@@ -63,7 +64,8 @@ def parse_load(text: str, at: float) -> BackendLoad | None:
             found[field] = found.get(field, 0.0) + value
     if "running" not in found and "waiting" not in found:
         return None
-    return BackendLoad(found.get("running", 0.0), found.get("waiting", 0.0), found.get("kv_usage", 0.0), at)
+    return BackendLoad(found.get("running", 0.0), found.get("waiting", 0.0), found.get("kv_usage", 0.0), at,
+                       prompt_tokens=found.get("prompt_tokens"))
 
 
 class Prober:

@@ -39,6 +39,8 @@ DEFAULT_OVERHEAD_S = 0.01
 MIN_WORK_SPREAD = 64.0  # tokens: below this standard deviation of work, the slope is not fitted
 MIN_WORK_VARIANCE = MIN_WORK_SPREAD ** 2
 SCRAPE_STALE_S = 10.0
+PREFILL_SENT_MIN = 200  # tokens sent between two scrapes before their prefill ratio counts
+PREFILL_RATIO_MIN, PREFILL_RATIO_MAX, PREFILL_RATIO_ALPHA = 0.02, 4.0, 0.3
 
 
 def estimate_tokens(chars: int) -> int:
@@ -77,6 +79,7 @@ class BackendLoad:
     kv_usage: float = 0.0
     at: float = 0.0
     streak: int = 0  # scrapes in a row, this one included, that showed requests waiting
+    prompt_tokens: float | None = None  # prompt tokens the server prefilled since it started (llama.cpp's counter)
 
     def fresh(self, now: float) -> bool:
         return self.at > 0 and now - self.at < SCRAPE_STALE_S
@@ -147,6 +150,10 @@ class ReplicaStats:
     healthy: bool = True  # the last active health check passed
     checked_at: float = 0.0  # time.monotonic() of the last active health check (0: none yet)
     slots: int | None = None  # requests the backend runs at once (the tier's slots_per_replica)
+    sent_tokens: int = 0  # prompt tokens (the gateway's estimates, warm prefixes left out) sent to it since start
+    prefill_ratio: float | None = None  # tokens it prefills per token sent (calibrated from its /metrics; None: 1)
+    predicted_ewma_s: float | None = None  # EWMA of the TTFT predicted for the requests whose TTFT was seen
+    _scraped: tuple[float, int] | None = None  # (its prefilled-tokens counter, sent_tokens) at the last scrape
     load: BackendLoad = field(default_factory=BackendLoad)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
@@ -160,10 +167,11 @@ class ReplicaStats:
         """The fitted fixed part of TTFT (None before the first sample)."""
         return self.fit.overhead(self.fit.slope(1 / self.prefill_tps))
 
-    def work(self, tokens: int, cached_tokens: int = 0) -> int:
-        """Prefill tokens ahead of a new request, and its own."""
+    def work(self, tokens: int, cached_tokens: int = 0) -> float:
+        """Prefill tokens ahead of a new request, and its own, as the server prefills them (`prefill_ratio`)."""
         own = tokens - cached_tokens  # none when the warm prefix covers the whole prompt
-        return self.pending_tokens + (own if own > 0 else 0)
+        work = self.pending_tokens + (own if own > 0 else 0)
+        return work if self.prefill_ratio is None else work * self.prefill_ratio
 
     def queue_s(self, now: float | None = None) -> float:
         """The wait in the backend's own queue: what its last fresh /metrics said, or what this
@@ -178,9 +186,29 @@ class ReplicaStats:
         return max(reported, own)
 
     def observe_load(self, load: BackendLoad) -> None:
-        """A scrape of the backend's /metrics; counts the scrapes in a row that showed a queue."""
+        """A scrape of the backend's /metrics; counts the scrapes in a row that showed a queue, and calibrates
+        `prefill_ratio` from its prefilled-tokens counter."""
         load.streak = self.load.streak + 1 if load.waiting > 0 else 0
         self.load = load
+        if load.prompt_tokens is not None:
+            self.calibrate(load.prompt_tokens)
+
+    def calibrate(self, prefilled_total: float) -> None:
+        """The tokens the server says it prefilled since the last scrape over the tokens this gateway sent it
+        meanwhile (estimated from characters, warm prefixes left out): what the server's prompt cache saves, its
+        chat template adds and its tokenizer counts differently. Learned once PREFILL_SENT_MIN tokens were sent
+        (another gateway sending to it too would inflate it: a share of the fleet's traffic, still calibrated)."""
+        scraped, self._scraped = self._scraped, (prefilled_total, self.sent_tokens)
+        if scraped is None:
+            return
+        prefilled, sent = prefilled_total - scraped[0], self.sent_tokens - scraped[1]
+        if prefilled < 0:
+            return  # the server restarted: its counter starts over from this scrape
+        if sent < PREFILL_SENT_MIN:
+            self._scraped = scraped  # too little sent yet: the next scrape takes a longer span
+            return
+        ratio = min(PREFILL_RATIO_MAX, max(PREFILL_RATIO_MIN, prefilled / sent))
+        self.prefill_ratio = ewma(self.prefill_ratio, ratio, PREFILL_RATIO_ALPHA)
 
     def predict_ttft(self, tokens: int, cached_tokens: int = 0, prior_overhead_s: float | None = None) -> float:
         slope = self.fit.slope(1 / self.prefill_tps)
@@ -202,8 +230,8 @@ class ReplicaStats:
             wait = max(wait, health_interval_s - since)
         return max(0.0, wait)
 
-    def observe_ttft(self, observed_s: float, work: int, queue_s: float, alpha: float, stale_s: float = 0.0,
-                     now: float | None = None) -> None:
+    def observe_ttft(self, observed_s: float, work: float, queue_s: float, alpha: float, stale_s: float = 0.0,
+                     now: float | None = None, predicted_s: float | None = None) -> None:
         """One TTFT seen for a request that had `work` prefill tokens and `queue_s` backend queue ahead,
         weighed more when the last sample is old (`sample_weight`). Only requests sent with no queue
         ahead teach the fit: a queue's length is a guess, and the fit must not mistake a passing queue
@@ -214,6 +242,8 @@ class ReplicaStats:
         if self.ttft_s is not None:
             self.ttft_dev_s = ewma(self.ttft_dev_s, abs(observed_s - self.ttft_s), weight)
         self.ttft_s = ewma(self.ttft_s, observed_s, weight)
+        if predicted_s is not None:  # the same requests' predictions: predicted against measured, like for like
+            self.predicted_ewma_s = ewma(self.predicted_ewma_s, predicted_s, weight)
         if queue_s == 0:
             self.fit.add(work, observed_s, weight)
 

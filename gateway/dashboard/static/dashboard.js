@@ -92,7 +92,8 @@ function render(d) {
   fillTable("replicas", (d.replicas || []).map(r => [
     ["replica", r.replica], ["tier", r.tier], ["health", r.health], ["in_flight", r.in_flight],
     ["awaiting_first_token", r.awaiting_first_token], ["backend_queue", fmt(r.backend_queue, 0)],
-    ["predicted_ttft_ms", fmt(r.predicted_ttft_ms, 1)], ["measured_ttft_ms", fmt(r.measured_ttft_ms, 1)],
+    ["predicted_ttft_ms", fmt(r.predicted_ttft_ms, 1)], ["predicted_sent_ttft_ms", fmt(r.predicted_sent_ttft_ms, 1)],
+    ["measured_ttft_ms", fmt(r.measured_ttft_ms, 1)], ["prefill_ratio", fmt(r.prefill_ratio, 2)],
     ["sent", r.sent]]));
   fillTable("admission", Object.entries(d.admission).map(([t, a]) =>
     [["tier", t], ["limit", a.limit], ["in_flight", a.in_flight], ["queued", a.queued]]));
