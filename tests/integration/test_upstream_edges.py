@@ -21,10 +21,12 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from gateway.app import create_app
 from gateway.backends.h1 import UpstreamClient
 from gateway.backends.upstream import post
 from gateway.config import Tier
 from gateway.emulator.faults import FaultConfig
+from gateway.state import GATEWAY
 from gateway.testing import TEST_API_KEY, gateway_config, tier
 from gateway.testing.upstream import DONE, SEEN, chunk, content, scripted_upstream
 from tests.conftest import StartApp, StartEmulator, StartGateway
@@ -186,6 +188,39 @@ async def test_a_resume_counts_the_tokens_sent_not_the_chunks(start_app: StartAp
     assert [sent["max_tokens"] for sent in going_on[SEEN]] == [2]  # 5 asked, 3 sent
     usage = next(orjson.loads(e[6:])["usage"] for e in raw.split(b"\n\n") if b'"usage":{' in e)
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (10, 4)
+
+
+async def test_every_lease_of_a_resumed_stream_ends_once(start_app: StartApp) -> None:
+    """The first part's lease, and each continuation's (one refused with a 500, one cut off before its first byte):
+    each Attempt releases its own, whatever way it ends; nothing stays in flight."""
+    broken = scripted_upstream([content(" half")])  # then EOF: no finish, no [DONE]
+
+    async def refusing(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "down"}}, status=500)
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        return response  # ends without a byte of body
+
+    apps = []
+    for handler in (refusing, silent):
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        apps.append(app)
+    urls = [f"{await start_app(app)}/v1" for app in (broken, *apps)]
+    gateway_app = create_app(gateway_config([tier("t", urls)], policy={"resume": {"max_attempts": 2}},
+                                            balancing={"retry_budget": {"ratio": 1.0, "min_per_s": 1000}}))
+    gateway = await start_app(gateway_app)
+    body = {"model": "t", "stream": True, "max_tokens": 20, "messages": [{"role": "user", "content": "leases"}]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{gateway}/v1/chat/completions", json=body, headers=AUTH) as response:
+            raw = await response.read()
+    assert b"not resumed: no other replica could take it" in raw
+    states = gateway_app[GATEWAY].pool.states()
+    assert {name: state.in_flight for name, state in states.items()} == {"t-0": 0, "t-1": 0, "t-2": 0}
+    assert all(state.pending == 0 and state.pending_tokens == 0 for state in states.values())
+    assert all(state.breaker.consecutive_failures >= 1 for state in states.values())  # each counted as its replica's failure
 
 
 async def test_a_reload_keeps_a_tls_replicas_idle_connections(pki: Pki) -> None:
