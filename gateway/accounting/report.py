@@ -29,7 +29,7 @@ from gateway.accounting.aggregate import DIMENSIONS, DailyCosts, GroupKey, Group
 from gateway.accounting.reader import ReadStats, read_records
 from gateway.accounting.records import Skip
 from gateway.accounting.render import money_text, table, write_csv
-from gateway.report_files import write_output
+from gateway.accounting.report_files import write_output
 
 # Sums run in a context wide enough never to round, and trap if they ever would.
 EXACT = decimal.Context(prec=60, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow])

@@ -1,7 +1,7 @@
 """The Prometheus series behind the dashboard panels that the request metrics do not cover (response
 cache results, SLO goodput, difficulty, cost and savings per tenant), so that the Grafana board
 (deploy/grafana/) draws the same panels as GET /dashboard. Registered in the app's own registry
-(gateway.promfast's lock-free series: observed on the event loop, rendered on scrape)."""
+(gateway.metrics.promfast's lock-free series: observed on the event loop, rendered on scrape)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from gateway.promfast import Counter, CounterChild, Histogram
+from gateway.metrics.promfast import Counter, CounterChild, Histogram
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext

@@ -60,7 +60,7 @@ def run_experiments(argv: Sequence[str]) -> int:
 def _report(args: argparse.Namespace, out: TextIO) -> int:
     from gateway.experiments.render import missing_matplotlib, table, write_csv
     from gateway.experiments.report import analyze, collect
-    from gateway.report_files import write_output
+    from gateway.accounting.report_files import write_output
 
     unreadable = [str(p) for p in args.logs if not p.is_file()]
     problem = f"not a readable file: {', '.join(unreadable)}" if unreadable else None

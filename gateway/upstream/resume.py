@@ -35,7 +35,7 @@ from gateway.config.routes import Upstream
 from gateway.context import RequestContext
 from gateway.errors import UpstreamStatus
 from gateway.metrics import GatewayMetrics
-from gateway.promfast import Counter
+from gateway.metrics.promfast import Counter
 from gateway.sse import SseScanner, StreamTally
 from gateway.tokens import TokenCounters
 from gateway.upstream.attempt import PATHS, Attempt, may_try

@@ -1,4 +1,4 @@
-"""gateway.promfast: the lock-free series expose exactly what prometheus_client's classes would, from the
+"""gateway.metrics.promfast: the lock-free series expose exactly what prometheus_client's classes would, from the
 same observations (the _created timestamps aside), and refuse what prometheus_client refuses."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway import promfast
+from gateway.metrics import promfast
 from gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
 
 BOUNDS = (0.0, 0.1, 0.5, 1.0)
@@ -104,7 +104,7 @@ def test_the_gateway_metrics_render_every_family_before_any_request() -> None:
 @pytest.mark.parametrize("disabled", ["true", "1", "False", None])
 def test_prometheus_disable_created_series_is_read_as_prometheus_client_reads_it(disabled: str | None) -> None:
     """The variable is read by prometheus_client at import: a process of its own for each value."""
-    code = ("from prometheus_client import CollectorRegistry, generate_latest\nfrom gateway import promfast\n"
+    code = ("from prometheus_client import CollectorRegistry, generate_latest\nfrom gateway.metrics import promfast\n"
             "registry = CollectorRegistry()\npromfast.Counter('c_total', 'C', registry=registry).inc()\n"
             "promfast.Histogram('h', 'H', buckets=(1.0,), registry=registry).observe(0.5)\n"
             "print(generate_latest(registry).decode())")

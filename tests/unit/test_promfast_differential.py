@@ -1,4 +1,4 @@
-"""gateway.promfast against prometheus_client, byte for byte: the same declarations and observations, drawn
+"""gateway.metrics.promfast against prometheus_client, byte for byte: the same declarations and observations, drawn
 by hypothesis (odd names, label values of every type, NaN and infinities, refusals), give the same
 /metrics bytes, and each call is refused by both or by neither. `_created` is made deterministic by
 giving both libraries the same clock."""
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import metrics as client_metrics
 
-from gateway import promfast
+from gateway.metrics import promfast
 
 NOW = 1_700_000_000.123456
 NAMES = ("a", "a_total", "a_created", "b_seconds", "b", "b_bucket", "c_count", "d:e", "f.g", "h é", "")

@@ -1,5 +1,5 @@
 """Prometheus metrics of one gateway app (its own registry: no process-global state). The gateway's own
-series are gateway.promfast's lock-free ones, observed on the event loop and rendered on scrape.
+series are gateway.metrics.promfast's lock-free ones, observed on the event loop and rendered on scrape.
 
 Series that name a tenant (a `tenant` label: spend, savings, shadow comparisons) are served only to a scrape
 that brings a metrics key (issue 37): `Authorization: Bearer <token>` where the token's SHA-256 is one of the
@@ -25,7 +25,7 @@ from prometheus_client.metrics_core import Metric
 
 from gateway.dashboard.series import OutcomeSeries
 from gateway.dashboard.window import LiveWindow
-from gateway.promfast import Counter, CounterChild, Gauge, Histogram, HistogramChild
+from gateway.metrics.promfast import Counter, CounterChild, Gauge, Histogram, HistogramChild
 
 if TYPE_CHECKING:
     from gateway.config.policies import PolicyConfig
