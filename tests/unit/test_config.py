@@ -93,9 +93,12 @@ def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
 def test_policy_check_cli_exit_codes(tmp_path: Path) -> None:
     good = write(tmp_path, "good.yaml", GOOD_POLICY)
     bad = write(tmp_path, "bad.yaml", GOOD_POLICY.replace("api_key_sha256: ", "api_key_sha256: zz"))
+    routes = write(tmp_path, "routes.yaml", GOOD_ROUTES)
     run = [sys.executable, "-m", "gateway", "policy", "check"]
-    ok = subprocess.run([*run, str(good)], capture_output=True, text=True)
+    ok = subprocess.run([*run, "--routes", str(routes), str(good)], capture_output=True, text=True)
     assert ok.returncode == 0 and "ok" in ok.stdout
-    failed = subprocess.run([*run, str(good), str(bad)], capture_output=True, text=True)
+    alone = subprocess.run([*run, str(good)], capture_output=True, text=True)  # the server would refuse it: no routes
+    assert alone.returncode == 1
+    failed = subprocess.run([*run, "--routes", str(routes), str(good), str(bad)], capture_output=True, text=True)
     assert failed.returncode == 1
     assert f"{bad}:6: tenants[0].api_key_sha256" in failed.stdout
