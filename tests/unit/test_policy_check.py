@@ -125,6 +125,11 @@ def test_the_repository_files_pass_as_the_readme_runs_them() -> None:
     assert "policies/local.yaml: ok (with " in result.stdout and "routes/local.yaml)" in result.stdout
     example = run_check("--routes", "routes/emulator.yaml", "policies/example.yaml", "policies/experiments-example.yaml")
     assert example.returncode == 0 and example.stdout.count("ok (with routes/emulator.yaml)") == 2
+    readme = (ROOT / "README.md").read_text()  # the commands above, as the README shows them
+    assert "gateway policy check routes/*.yaml policies/local.yaml policies/emulator.yaml " in readme
+    assert ("gateway policy check --routes routes/emulator.yaml policies/example.yaml "
+            "policies/experiments-example.yaml\n") in readme
+    assert "policy check routes/*.yaml policies/*.yaml   " not in readme  # exits 1: example.yaml has no pair
 
 
 @pytest.mark.parametrize(("tokenizer", "reason"), [
