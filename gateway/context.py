@@ -14,7 +14,8 @@ from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
 
 if TYPE_CHECKING:
-    from gateway.routing.spill import SpillChoice
+    from gateway.routing.escalate import Escalation
+    from gateway.routing.spill_decision import SpillChoice
 
 
 class Trace(Protocol):
@@ -67,6 +68,7 @@ class RequestContext:
     brownout_from: str | None = None  # the saturated tier this request was moved away from
     rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.routing.detour)
     spill: SpillChoice | None = None  # the spill step's decision, when the tenant's policy spills (gateway.routing.spill)
+    escalation: Escalation | None = None  # the first part of an escalated answer (gateway.routing.escalate)
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)

@@ -34,7 +34,8 @@ KEYS = [
     "attempts", "prefix_blocks", "output_capped", "finish_reason",
     "cache", "cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd", "ttft_slo_ms", "resumed", "parts",
     "session", "session_route", "experiment", "arm",
-    "arm_control", "event", "level",
+    "arm_control", "replay", "arrival_s", "quality_predicted", "conversation", "sticky", "reading", "decode_tps",
+    "event", "level",
 ]  # the order the structlog call wrote them in, which readers of the file may rely on
 FIELDS: dict[str, Any] = {
     "request_id": "r-1", "ts": "2026-11-25T15:22:26.123+00:00", "tenant": "t", "difficulty": 0.4123, "tier": None,

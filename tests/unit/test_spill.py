@@ -13,7 +13,8 @@ from gateway.context import RequestContext
 from gateway.http import _headers
 from gateway.metrics import GatewayMetrics
 from gateway.routing.quality import QualityChoice, TierOption
-from gateway.routing.spill import Forecast, SpillStage, spill_tier
+from gateway.routing.spill import SpillStage
+from gateway.routing.spill_decision import Forecast, spill_tier
 from gateway.routing.tiers import RouteStage
 from gateway.stages.policy import PolicyStage
 from gateway.testing import TEST_API_KEY, gateway_config, parsed_context, tier
