@@ -339,3 +339,168 @@ async def test_replicas_run_beats_until_stopped_then_leave(redis_url: str) -> No
     await asyncio.wait_for(task, 5.0)
     assert await redis.zscore("gw:replicas", replicas.id) is None
     await redis.aclose()
+
+
+async def away_from_the_minute_turn() -> None:
+    """Sleep past the next minute's start when it is under 5 s away (a retry computed across it would differ)."""
+    import asyncio
+
+    left = WindowPosition.at(time.time()).seconds_left
+    if left < 5:
+        await asyncio.sleep(left + 0.1)
+
+
+async def test_a_redis_refusal_waits_as_the_previous_minute_decays(redis_url: str) -> None:
+    await away_from_the_minute_turn()
+    limiter, _, redis = await redis_limiter(redis_url)
+    a = tenant("a", rate_limit={"requests_per_min": 10, "tokens_per_min": 10_000})
+    index = minute()
+    await redis.set(f"rl:{{a}}:req:{index - 1}", 10)
+    admitted = 0
+    while (denied := await refusal(limiter, a, 5)) is None:  # 5 tokens each: the request limit refuses
+        admitted += 1
+    position = WindowPosition.at(time.time())
+    assert denied.code == "rate_limit_requests"
+    expected = retry_after(float(admitted), 10.0, 1.0, 10.0, position)  # one request against 10 a minute
+    assert expected > 1.0 and denied.retry_after == pytest.approx(expected, abs=0.5)
+    await redis.aclose()
+
+
+async def test_a_redis_token_refusal_waits_for_its_tokens(redis_url: str) -> None:
+    await away_from_the_minute_turn()
+    limiter, _, redis = await redis_limiter(redis_url)
+    a = tenant("a", rate_limit={"requests_per_min": 1000, "tokens_per_min": 100})
+    index = minute()
+    await redis.set(f"rl:{{a}}:tok:{index - 1}", 100)
+    admitted = 0
+    while (denied := await refusal(limiter, a, 10)) is None:
+        admitted += 1
+    position = WindowPosition.at(time.time())
+    assert denied.code == "rate_limit_tokens"
+    assert admitted == math.floor((100 - 100 * position.previous_weight) / 10 + 1e-9)
+    expected = retry_after(10.0 * admitted, 100.0, 10.0, 100.0, position)
+    assert denied.retry_after == pytest.approx(expected, abs=0.5)
+    await redis.aclose()
+
+
+async def test_redis_calls_are_named_in_the_guards_metrics(redis_url: str) -> None:
+    limiter, writes, redis = await redis_limiter(redis_url)
+    guard = limiter._guard
+    assert guard is not None
+    a = tenant("a", rate_limit={"tokens_per_min": 100}, daily_budget_usd=5.0)
+    await limiter.admit(a, 10)
+    limiter.book(a, -5, 0.5)
+    await writes.drain()
+    replicas = Replicas(guard, lambda: 1)
+    await replicas.beat()
+    await replicas.leave()
+
+    def count(op: str) -> float | None:
+        return guard.registry.get_sample_value("gateway_redis_op_seconds_count", {"op": op})
+
+    assert (count("limits_admit"), count("limits_book"), count("replicas_beat"), count("replicas_leave")) == (
+        1, 2, 1, 1)
+    await redis.aclose()
+
+
+async def test_the_limiter_and_the_heartbeat_have_their_own_time_budgets(redis_url: str) -> None:
+    hasty = RedisGuard(connect(redis_url), op_timeout_s=1e-9)  # the caches' budget: nothing answers within it
+    limiter = Limiter(hasty, BackgroundWrites(), Replicas(None, lambda: 1), GatewayMetrics())
+    assert limiter.timeout_s == 2.0
+    a = tenant("a", rate_limit={"requests_per_min": 1})
+    await limiter.admit(a, 1)
+    denied = await refusal(limiter, a)
+    assert denied is not None and dict(limiter.local_decisions) == {}  # Redis decided both
+    other = Replicas(RedisGuard(connect(redis_url), op_timeout_s=1.0), lambda: 1)
+    await other.beat()
+    mine = Replicas(hasty, lambda: 1, every_s=1.0)
+    assert Replicas(None, lambda: 1).every_s == 2.0
+    await mine.beat()
+    assert mine.seen == 2
+
+
+async def test_a_redis_that_does_not_answer_in_time_is_a_local_decision_said_once(redis_url: str) -> None:
+    import structlog
+
+    metrics = GatewayMetrics()
+    guard = RedisGuard(connect(redis_url), op_timeout_s=1.0)
+    limiter = Limiter(guard, BackgroundWrites(), Replicas(None, lambda: 1), metrics, timeout_s=1e-9)
+    a = tenant("a", rate_limit={"requests_per_min": 100})
+    with structlog.testing.capture_logs() as logs:
+        await limiter.admit(a, 1)
+        await limiter.admit(a, 1)
+    assert metrics.registry.get_sample_value("gateway_limits_local_decisions_total",
+                                             {"reason": "redis_no_answer"}) == 2
+    assert limiter.local_decisions["a"] == 2
+    assert [(e["reason"], e["replicas"]) for e in logs if e["event"] == "limits_local"] == [("redis_no_answer", 1)]
+
+
+async def test_no_redis_at_all_is_no_warning() -> None:
+    import structlog
+
+    limiter = Limiter(None, BackgroundWrites(), Replicas(None, lambda: 1), GatewayMetrics())
+    with structlog.testing.capture_logs() as logs:
+        await limiter.admit(tenant("a", rate_limit={"requests_per_min": 100}), 1)
+    assert [e for e in logs if e["event"] == "limits_local"] == []
+    assert limiter.local_decisions["a"] == 1
+
+
+async def test_local_refusals_say_when_to_come_back() -> None:
+    await away_from_the_minute_turn()
+    limiter = Limiter(None, BackgroundWrites(), Replicas(None, lambda: 1), GatewayMetrics())
+    a = tenant("a", rate_limit={"requests_per_min": 1})
+    b = tenant("b", rate_limit={"tokens_per_min": 10})
+    assert await refusal(limiter, a) is None and await refusal(limiter, b, 10) is None
+    left = WindowPosition.at(time.time()).seconds_left
+    requests, tokens = await refusal(limiter, a), await refusal(limiter, b, 1)
+    assert requests is not None and requests.retry_after == pytest.approx(left, abs=0.5)
+    assert tokens is not None and tokens.code == "rate_limit_tokens"
+    assert tokens.retry_after == pytest.approx(left, abs=0.5)
+
+
+async def test_book_writes_a_single_token_and_no_zero_spend(redis_url: str) -> None:
+    limiter, writes, redis = await redis_limiter(redis_url)
+    a = tenant("a", rate_limit={"tokens_per_min": 100}, daily_budget_usd=1.0)
+    limiter.book(a, 1, 0.0)
+    await writes.drain()
+    assert int(await redis.get(f"rl:{{a}}:tok:{minute()}")) == 1
+    assert await redis.keys("rl:{a}:usd:*") == []
+    await redis.aclose()
+
+
+@pytest.fixture
+def new_york() -> Any:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    mp.undo()
+    time.tzset()
+
+
+async def test_a_spent_budget_comes_back_at_utc_midnight(new_york: None) -> None:
+    limiter = Limiter(None, BackgroundWrites(), Replicas(None, lambda: 1), GatewayMetrics())
+    a = tenant("a", daily_budget_usd=1.0)
+    limiter.book(a, 0, 1.0)
+    denied = await refusal(limiter, a)
+    now = datetime.now(UTC)
+    to_midnight = 86400 - (now.hour * 3600 + now.minute * 60 + now.second + now.microsecond / 1e6)
+    assert denied is not None and denied.retry_after == pytest.approx(to_midnight, abs=0.25)
+
+
+async def test_replicas_beat_again_and_again(redis_url: str) -> None:
+    import asyncio
+
+    guard = RedisGuard(connect(redis_url), op_timeout_s=1.0)
+    replicas = Replicas(guard, lambda: 1, every_s=0.05)
+    redis = Redis.from_url(redis_url)
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicas.run(stop))
+    await asyncio.sleep(0.1)
+    first = await redis.zscore("gw:replicas", replicas.id)
+    await asyncio.sleep(0.3)
+    later = await redis.zscore("gw:replicas", replicas.id)
+    stop.set()
+    await asyncio.wait_for(task, 5.0)
+    assert first is not None and later is not None and later > first
+    await redis.aclose()
