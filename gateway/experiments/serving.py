@@ -176,7 +176,8 @@ class BackgroundEncoder:
     def opened(self) -> bool:
         return self._session is not None
 
-    async def embed_many(self, texts: Sequence[str]) -> tuple[list[Embedding], int]:
+    async def embed_many(self, texts: Sequence[str], *, scope: str) -> tuple[list[Embedding], int]:
+        """`scope` is the tenant's: this encoder caches nothing, so no tenant's texts meet another's."""
         vectors = await asyncio.get_running_loop().run_in_executor(self._pool, self._embed, list(texts))
         return list(vectors), len(texts)
 
