@@ -221,7 +221,7 @@ class PairStore:
             await client.xadd(pair_key(pair.tenant), fields, maxlen=max_pairs, approximate=False)
             return True
 
-        return bool(await self.guard.run("shadow_pair_add", write, self.timeout_s))
+        return bool(await self.guard.run("shadow_pair_add", write, self.timeout_s, key=pair_key(pair.tenant)))
 
     async def recent(self, tenant: str, count: int = 100) -> list[dict[str, Any]]:
         """The tenant's latest pairs in Redis, newest first."""
@@ -232,7 +232,7 @@ class PairStore:
         async def read() -> list[Any]:
             return list(await client.xrevrange(pair_key(tenant), count=count) or [])
 
-        entries = await self.guard.run("shadow_pair_recent", read, self.timeout_s) or []
+        entries = await self.guard.run("shadow_pair_recent", read, self.timeout_s, key=pair_key(tenant)) or []
         return [orjson.loads(fields[b"json"]) for _, fields in entries]
 
     def close(self) -> None:

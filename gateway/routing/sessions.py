@@ -167,7 +167,7 @@ class SessionStore:
         best = routed if before is None or routed.rank > before.rank else before
         if self._guard is not None and self._script is not None:
             script, keys, args = self._script, [redis_key(key)], [str(best.rank), best.tier, str(ttl_s)]
-            reply = await self._guard.run("session_hold", lambda: script(keys=keys, args=args))
+            reply = await self._guard.run("session_hold", lambda: script(keys=keys, args=args), key=keys)
             if isinstance(reply, list) and len(reply) == 2:
                 shared, earlier = _parse(reply[0]), _parse(reply[1])
                 if shared is not None and shared.rank >= best.rank:
@@ -186,8 +186,8 @@ class SessionStore:
     async def peek(self, key: str) -> Held | None:
         """The tier session `key` holds, without recording a turn (for `route explain`)."""
         if self._guard is not None:
-            client = self._guard.client
-            shared = _parse(await self._guard.run("session_peek", lambda: client.get(redis_key(key))))
+            client, name = self._guard.client, redis_key(key)
+            shared = _parse(await self._guard.run("session_peek", lambda: client.get(name), key=name))
             if shared is not None:
                 return shared
         return self.local.get(key, time.monotonic())

@@ -30,7 +30,9 @@ POLICY = PolicyConfig.model_validate({"default_tier": "t"})
 # string literals ending in ':' in the package that are not Redis key prefixes (messages, YAML, CSS, SSE)
 NOT_KEYS = {"band", "blank", "cost", "create_app", "data", "deterministic", "did", "error", "event", "experiment",
             "false", "folder", "font", "gateway", "gguf", "held", "llamacpp", "none", "quality", "round_robin",
-            "routes", "saved", "slots", "supported", "tab", "vllm"}
+            "routes", "saved", "slots", "supported", "tab", "vllm",
+            "spilled",  # a route reason: "spilled: <tier> over its TTFT SLO; ..." (gateway/routing/spill_decision.py)
+            "window"}  # a line of the what-if report: "window: <sampled>" (gateway/whatif/report.py)
 
 
 def tenant(name: str, shared: bool = False) -> TenantPolicy:

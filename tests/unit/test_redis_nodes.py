@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -26,6 +27,8 @@ from redis.sentinel import MasterNotFoundError
 from gateway.cache.connection import SeededCluster, connect
 from gateway.cache.guard import RedisGuard
 from gateway.cache.nodes import SLOTS, WHOLE, Keys, Topology, classify
+from gateway.experiments.shadow import PairStore, ShadowPair, pair_key
+from gateway.routing.sessions import Held, SessionStore, redis_key
 
 
 class FakeTopology:
@@ -173,3 +176,67 @@ async def test_an_error_no_node_is_named_on_is_blamed_by_its_message_never_on_th
     assert topology.blame(RedisConnectionError("reset"), {"10.0.0.1:6379"}) == {"10.0.0.1:6379"}
     assert topology.blame(RedisClusterException("Redis Cluster cannot be connected"), {"10.0.0.1:6379"}) == {WHOLE}
     await client.aclose()
+
+
+class SplitTopology(FakeTopology):
+    """Keys naming tenant 'other' live on master B:2, the rest on A:1."""
+
+    def nodes_of(self, keys: Keys) -> set[str]:
+        if keys is None:
+            return {WHOLE}
+        items = [keys] if isinstance(keys, (str, bytes)) else keys
+        return {"B:2" if "other" in str(k) else "A:1" for k in items}
+
+
+class HalfFrozen:
+    """A client whose calls on B's keys never answer (a frozen or unroutable master); A's answer at once."""
+
+    def __init__(self) -> None:
+        self.answered: list[str] = []
+
+    async def _reply(self, key: str, value: Any) -> Any:
+        if "other" in key:
+            await asyncio.Event().wait()
+        self.answered.append(key)
+        return value
+
+    def register_script(self, _: str) -> Callable[..., Awaitable[Any]]:
+        async def script(keys: list[str], args: list[str]) -> Any:
+            return await self._reply(keys[0], [f"{args[0]}|{args[1]}".encode(), None])
+        return script
+
+    async def get(self, key: str) -> Any:
+        return await self._reply(key, b"1|large")
+
+    async def xadd(self, key: str, fields: dict[str, Any], **_: Any) -> Any:
+        return await self._reply(key, b"1-0")
+
+    async def xrevrange(self, key: str, count: int) -> Any:
+        return await self._reply(key, [(b"1-0", {b"json": b'{"tenant": "mine"}'})])
+
+
+def pair(tenant: str) -> ShadowPair:
+    return ShadowPair("2025-01-01T00:00:00Z", "r", tenant, None, None, "small", "large", "p", "a", "b", 1.0, None,
+                      None, 0.0)
+
+
+async def test_sessions_and_shadow_pairs_name_their_keys_so_a_dead_master_is_only_its_own() -> None:
+    """Another tenant's session and shadow-pair keys live on a master that stopped answering: its calls time out
+    again and again. Before, these calls named no key: their timeouts were the whole cluster's, which went down,
+    and every tenant's session, pairs, limits and caches went with it. Now only B is down; A's keys go on."""
+    client = HalfFrozen()
+    g = RedisGuard(client, op_timeout_s=0.01, down_backoff_s=60, down_after_s=0.0)  # type: ignore[arg-type]
+    g.topology = SplitTopology()  # type: ignore[assignment]
+    sessions, pairs = SessionStore(g), PairStore(g, timeout_s=0.01)
+    for _ in range(3):
+        await sessions.hold("other:s1", Held(0, "small"), 60)
+        await sessions.peek("other:s1")
+        await pairs.add(pair("other"), 10)
+        await pairs.recent("other")
+    assert g.status().nodes_down == ("B:2",) and g.status().state == "partial"
+    assert g.up_for(redis_key("mine:s1")) and g.up_for(pair_key("mine"))
+    client.answered.clear()
+    assert await sessions.hold("mine:s1", Held(1, "large"), 60) == (Held(1, "large"), None)
+    assert await sessions.peek("mine:s2") == Held(1, "large")  # Redis's answer, not the (empty) local one
+    assert await pairs.add(pair("mine"), 10) and await pairs.recent("mine") == [{"tenant": "mine"}]
+    assert client.answered == [redis_key("mine:s1"), redis_key("mine:s2"), pair_key("mine"), pair_key("mine")]
