@@ -55,6 +55,7 @@ from gateway.state import GATEWAY, Gateway
 from gateway.tokens import TokenCounters
 from gateway.types import DifficultyScorer, QualityPredictor
 from gateway.upstream.embeddings import RemoteEmbeddings
+from gateway.upstream.escalate import EscalateStage
 from gateway.upstream.hop import UpstreamHop
 
 if TYPE_CHECKING:  # onnxruntime is imported only when a classifier is loaded
@@ -156,6 +157,7 @@ def _request_path(gateway: Gateway, upstream: UpstreamClient, redis_url: str | N
         embed=EmbedStage(sentences, count_tokens, RemoteEmbeddings(
             upstream, pool, metrics, Vectors(gateway.redis, writes) if gateway.redis is not None else None)),
         proxy=proxy,
+        escalate=EscalateStage(proxy.hop, rank, admission, metrics),
         account=gateway.accountant,
     )
     return path, sentences

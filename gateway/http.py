@@ -184,6 +184,8 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
         headers["x-gateway-rerouted-from"] = ctx.rerouted_from
     if ctx.spill is not None and (spilled := ctx.spill.spilled_from) is not None:
         headers["x-gateway-spilled-from"] = spilled
+    if ctx.escalation is not None and ctx.escalation.outcome == "escalated":
+        headers["x-gateway-escalated-from"] = ctx.escalation.from_tier.name
     if ctx.replica is not None:
         headers["x-gateway-backend"] = ctx.replica.name
     if ctx.session_route is not None:  # held: the session's tier served, not the lower one routed (issue 32)

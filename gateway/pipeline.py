@@ -1,11 +1,14 @@
 """The request path: the stages every request runs through, in order, and what runs after the answer.
 
     parse → policy → classify → route → session → detour → spill → shadow → cache → affinity → rank → admission → embed
-    → proxy,  then  account → finishers
+    → proxy → escalate,  then  account → finishers
 
 The route is its steps (gateway.routing), each a field here: the candidate tier, the session's tier, the detour
 around a tier that is down, then (after the cache: a hit needs no replica) the prefix's replica and the one
 ranking of the replicas. Those with a dry run (`RoutingStep`) are what `route explain` runs (`routing_steps`).
+
+`escalate` is the step after the answer: whichever stage replied, the reply passes through it (a low-confidence
+answer goes to the next tier up; gateway.upstream.escalate), so it takes the reply and returns the one to send.
 
 A stage returns a reply to stop the request there (a cache hit, an embedding, the proxied answer), None
 to go on, or raises a GatewayError to refuse it (the edge renders the error). Whatever happened, the edge
@@ -45,6 +48,7 @@ from gateway.stages.policy import PolicyStage
 from gateway.stages.proxy import ProxyStage
 from gateway.tracing import ADMISSION, CACHE, CLASSIFICATION, UPSTREAM
 from gateway.types import Reply
+from gateway.upstream.escalate import EscalateStage
 
 log = structlog.get_logger("gateway.pipeline")
 
@@ -88,6 +92,8 @@ class RequestPath:
     embed: EmbedStage  # /v1/embeddings on a tier served in process
     # the tier's replicas, in order, until one answers; then the relay
     proxy: ProxyStage = field(metadata=traced(UPSTREAM))
+    # after the answer, whichever stage gave it: a low-confidence answer asked again of the next tier up
+    escalate: EscalateStage
     account: Accountant  # after the answer: tokens, cost, the log line, metrics
 
     @property
@@ -108,7 +114,7 @@ class RequestPath:
         for stage in stages:
             reply = await stage(ctx)
             if reply is not None:
-                return reply
+                return await self.escalate(ctx, reply)
         raise GatewayError("no stage produced a reply")
 
     async def _run_traced(self, ctx: RequestContext, trace: Trace) -> Reply:
@@ -116,7 +122,7 @@ class RequestPath:
         for stage, span in zip(self.stages, SPANS):
             reply = await trace.stage(span, stage, ctx)
             if reply is not None:
-                return reply
+                return await self.escalate(ctx, reply)
         raise GatewayError("no stage produced a reply")
 
     def finish(self, ctx: RequestContext) -> None:
@@ -128,6 +134,7 @@ class RequestPath:
                 log.exception("finisher_failed", request_id=ctx.request_id, step=getattr(step, "__qualname__", "?"))
 
 
-_STAGE_FIELDS = tuple(stage for stage in fields(RequestPath) if stage.name != "account")  # (not a stage)
+# (not stages: escalate takes the reply, account runs after it)
+_STAGE_FIELDS = tuple(stage for stage in fields(RequestPath) if stage.name not in ("escalate", "account"))
 _STAGES = attrgetter(*(stage.name for stage in _STAGE_FIELDS))
 SPANS: tuple[str | None, ...] = tuple(stage.metadata.get("span") for stage in _STAGE_FIELDS)  # by stage, in order

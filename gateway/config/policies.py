@@ -224,6 +224,14 @@ class Spill(Frozen):
         default=False, description="a dearer tier may serve too (a saturated small tier, an idle large one)")
 
 
+class Escalate(Frozen):
+    """An answer whose confidence is low goes to the next tier up the tenant may use (issue 39): the geometric
+    mean of its tokens' probabilities below `min_confidence` (gateway.routing.escalate). Non-streamed requests
+    of one output without tools."""
+
+    min_confidence: float = Field(ge=0.0, le=1.0, description="escalate an answer whose confidence is below this")
+
+
 def _check_experiments(experiments: tuple[Experiment, ...] | None) -> tuple[Experiment, ...] | None:
     if not experiments:
         return experiments
@@ -278,6 +286,9 @@ class Limits(Frozen):
     spill: Spill | Literal[False] | None = Field(
         default=None, description="model 'auto': another tier when the chosen one is predicted to miss a TTFT SLO "
         "(false: off where the top level sets it)")
+    escalate: Escalate | Literal[False] | None = Field(
+        default=None, description="a low-confidence answer goes to the next tier up (false: off where the top level "
+        "sets it)")
 
     @field_validator("experiments")
     @classmethod

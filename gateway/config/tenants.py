@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.config.policies import (
     IMPLICIT_CONTROL, Arm, CacheRule, Experiment, Limits, MaxTokens, OutputCap, PolicyConfig, Priority, RateLimit,
-    Resume, Routing, Sessions, Shadow, Spill,
+    Resume, Routing, Sessions, Shadow, Spill, Escalate,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class TenantPolicy:
     resume: Resume | None = None  # None: resume on, with the defaults (issue 32)
     sessions: Sessions | None = None  # None: no sticky tiers
     spill: Spill | None = None  # None: no spill under load (gateway.routing.spill)
+    escalate: Escalate | None = None  # None: answers never escalate (gateway.routing.escalate)
 
     def allows(self, tier: str) -> bool:
         return self.allowed_tiers is None or tier in self.allowed_tiers
@@ -92,6 +93,7 @@ def _resolve(name: str, own: Limits, policy: PolicyConfig) -> TenantPolicy:
         resume=_first(own.resume, policy.resume),
         sessions=_first(own.sessions, policy.sessions),
         spill=_spill(own.spill, policy.spill),
+        escalate=_escalate(own.escalate, policy.escalate),
     )
 
 
@@ -103,6 +105,12 @@ def _spill(own: Spill | bool | None, inherited: Spill | bool | None) -> Spill | 
     """A spill rule as the request path reads it: `false` (off, even where the top level sets one) and unset: None."""
     value = inherited if own is None else own
     return value if isinstance(value, Spill) else None
+
+
+def _escalate(own: Escalate | bool | None, inherited: Escalate | bool | None) -> Escalate | None:
+    """An escalate rule as the request path reads it: `false` and unset are both None (off)."""
+    value = inherited if own is None else own
+    return value if isinstance(value, Escalate) else None
 
 
 def _floor(value: float | bool | None) -> float | None:

@@ -22,6 +22,7 @@ from gateway.config.tokenizers import build_counters
 from gateway.context import RequestContext
 from gateway.dashboard.window import meets_slo
 from gateway.metrics import GatewayMetrics
+from gateway.routing.escalate import first_cost, log_fields as escalation_fields
 from gateway.upstream.resume import priced_parts
 from gateway.tokens import TokenCounters
 from gateway.whatif.logline import replay_fields
@@ -89,6 +90,8 @@ class Accountant:
             "rerouted_from": ctx.rerouted_from,
             "spilled_from": ctx.spill.spilled_from if ctx.spill else None,  # issue 39: and both tiers' predictions
             "spill": ctx.spill.report() if ctx.spill and ctx.spill.target else None,
+            # a low-confidence answer asked again of the next tier up: both parts (issue 39)
+            **escalation_fields(ctx, day := utc_day(ctx.ts), round(cost - first_cost(ctx, day), 12)),
             "max_tokens": ctx.max_tokens,
             "max_tokens_clamped_from": ctx.max_tokens_asked,
             "attempts": ctx.attempts,
@@ -150,6 +153,8 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
               else ctx.tier.price_at(day).cost_usd(*tokens))  # a resumed answer: each part on its own tier
     base = ctx.config.baseline
     baseline = priced if base is ctx.tier else base.price_at(day).cost_usd(*tokens)
+    if ctx.escalation is not None:  # escalated: the first tier's answer was work done too (issue 39)
+        priced, baseline = priced + first_cost(ctx, day), baseline + first_cost(ctx, day, base)
     return (0.0, priced, baseline) if hit else (priced, 0.0, baseline)
 
 

@@ -31,6 +31,7 @@ from gateway.context import RequestContext
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.anthropic import wants_stop_word
 from gateway.protocols.native import ResponsesScanner, is_native, upstream_body as native_body
+from gateway.routing.escalate import armed, ask_logprobs
 from gateway.sse import OutputLimit, SseScanner
 from gateway.tokens import TokenCounters
 from gateway.types import Reply, StreamReply
@@ -103,6 +104,8 @@ class UpstreamHop:
             body["max_tokens"] = body["max_completion_tokens"]  # it, a limit asked that way was ignored
         if ctx.stream and not native:
             body["stream_options"] = {"include_usage": True}
+        if armed(ctx) is not None:  # the answer's confidence decides whether it escalates (gateway.upstream.escalate)
+            body = ask_logprobs(ctx.endpoint, body)
         if wants_stop_word(ctx, replica):  # llama.cpp names the stop sequence that matched only when asked
             body["verbose"] = True
         return body

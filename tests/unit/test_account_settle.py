@@ -29,7 +29,8 @@ CONFIG = gateway_config([tier("small", ["http://127.0.0.1:9/v1"], input_per_mtok
 KEYS = [
     "request_id", "ts", "path", "tenant", "model_requested", "difficulty", "quality", "route_reason", "tier", "backend", "status", "outcome", "error",
     "stream", "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "priced_from", "ttft_ms", "tpot_ms", "e2e_ms",
-    "queue_ms", "predicted_ttft_ms", "brownout_from", "rerouted_from", "spilled_from", "spill", "max_tokens",
+    "queue_ms", "predicted_ttft_ms", "brownout_from", "rerouted_from", "spilled_from", "spill", "escalated_from",
+    "escalation", "max_tokens",
     "max_tokens_clamped_from",
     "attempts", "prefix_blocks", "output_capped", "finish_reason",
     "cache", "cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd", "ttft_slo_ms", "resumed", "parts",

@@ -228,11 +228,15 @@ async def test_a_renamed_stage_class_keeps_its_span() -> None:
                 ctx.cache = "miss"
             return JsonReply(200, b"{}") if self.field == "proxy" else None
 
-    names = [f.name for f in fields(RequestPath)][:-1]
+    async def passed_on(ctx: RequestContext, reply: JsonReply) -> JsonReply:  # escalate: takes the reply
+        return reply
+
+    names = [f.name for f in fields(RequestPath)][:-2]
+    assert [f.name for f in fields(RequestPath)][-2:] == ["escalate", "account"]
     path = RequestPath(**{name: type(f"Renamed{i}", (Step,), {})(name) for i, name in enumerate(names)},  # type: ignore[arg-type]
-                       account=None)  # type: ignore[arg-type]
+                       escalate=passed_on, account=None)  # type: ignore[arg-type]
     assert dict(zip(names, SPANS)) == {"parse": None, "policy": None, "classify": "classification", "route": None,
-                                       "session": None, "detour": None, "shadow": None, "cache": "cache",
+                                       "session": None, "detour": None, "spill": None, "shadow": None, "cache": "cache",
                                        "affinity": None, "rank": None, "admission": "admission", "embed": None,
                                        "proxy": "upstream"}
     exports: list[bytes] = []
