@@ -350,36 +350,49 @@ async def away_from_the_minute_turn() -> None:
         await asyncio.sleep(left + 0.1)
 
 
-async def test_a_redis_refusal_waits_as_the_previous_minute_decays(redis_url: str) -> None:
-    await away_from_the_minute_turn()
+class FixedClock:
+    """The limiter's `time` module with a wall clock stopped at `now` (monotonic time still runs)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.monotonic = time.monotonic
+
+    def time(self) -> float:
+        return self.now
+
+
+SIX_SECONDS_IN = (minute() + 10) * WINDOW_S + 6.0  # the previous minute weighs 0.9
+
+
+async def test_a_redis_refusal_waits_as_the_previous_minute_decays(redis_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.limits import limiter as limiter_module
+
+    monkeypatch.setattr(limiter_module, "time", FixedClock(SIX_SECONDS_IN))
+    index = WindowPosition.at(SIX_SECONDS_IN).index
     limiter, _, redis = await redis_limiter(redis_url)
     a = tenant("a", rate_limit={"requests_per_min": 10, "tokens_per_min": 10_000})
-    index = minute()
-    await redis.set(f"rl:{{a}}:req:{index - 1}", 10)
-    admitted = 0
-    while (denied := await refusal(limiter, a, 5)) is None:  # 5 tokens each: the request limit refuses
-        admitted += 1
-    position = WindowPosition.at(time.time())
-    assert denied.code == "rate_limit_requests"
-    expected = retry_after(float(admitted), 10.0, 1.0, 10.0, position)  # one request against 10 a minute
-    assert expected > 1.0 and denied.retry_after == pytest.approx(expected, abs=0.5)
+    await redis.set(f"rl:{{a}}:req:{index - 1}", 10)  # weighs 9
+    assert await refusal(limiter, a, 5) is None  # 0 + 9 + 1 = 10
+    denied = await refusal(limiter, a, 5)  # 1 + 9 + 1 = 11: one over, and the previous 10 shed one in 6 s
+    assert denied is not None and denied.code == "rate_limit_requests"
+    assert denied.retry_after == pytest.approx(6.0)
     await redis.aclose()
 
 
-async def test_a_redis_token_refusal_waits_for_its_tokens(redis_url: str) -> None:
-    await away_from_the_minute_turn()
+async def test_a_redis_token_refusal_waits_for_its_tokens(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.limits import limiter as limiter_module
+
+    monkeypatch.setattr(limiter_module, "time", FixedClock(SIX_SECONDS_IN))
+    index = WindowPosition.at(SIX_SECONDS_IN).index
     limiter, _, redis = await redis_limiter(redis_url)
     a = tenant("a", rate_limit={"requests_per_min": 1000, "tokens_per_min": 100})
-    index = minute()
-    await redis.set(f"rl:{{a}}:tok:{index - 1}", 100)
-    admitted = 0
-    while (denied := await refusal(limiter, a, 10)) is None:
-        admitted += 1
-    position = WindowPosition.at(time.time())
-    assert denied.code == "rate_limit_tokens"
-    assert admitted == math.floor((100 - 100 * position.previous_weight) / 10 + 1e-9)
-    expected = retry_after(10.0 * admitted, 100.0, 10.0, 100.0, position)
-    assert denied.retry_after == pytest.approx(expected, abs=0.5)
+    await redis.set(f"rl:{{a}}:tok:{index - 1}", 100)  # weighs 90
+    assert await refusal(limiter, a, 10) is None  # 0 + 90 + 10 = 100
+    denied = await refusal(limiter, a, 10)  # 10 + 90 + 10 = 110: 10 over, the previous 100 shed them in 6 s
+    assert denied is not None and denied.code == "rate_limit_tokens"
+    assert denied.retry_after == pytest.approx(6.0)
+    assert int(await redis.get(f"rl:{{a}}:tok:{index}")) == 10
     await redis.aclose()
 
 
