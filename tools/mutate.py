@@ -90,7 +90,7 @@ TARGETS: tuple[Target, ...] = (
            (U + "test_account_settle.py", U + "test_experiments_wiring.py", U + "test_mutants_account.py")),
     Target("sessions", ("gateway/routing/sessions.py|gateway/sessions.py",
                         "gateway/routing/session.py|gateway/stages/session.py"),
-           (U + "test_sessions.py", I + "test_sessions.py")),
+           (U + "test_sessions.py", U + "test_mutants_sessions.py", I + "test_sessions.py")),
     Target("resume", ("gateway/upstream/continuation.py", "gateway/upstream/resume.py"),
            (U + "test_resume_pieces.py", I + "test_resume.py")),
     Target("output-caps", ("gateway/sse.py",),
