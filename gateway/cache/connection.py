@@ -29,7 +29,11 @@ waits on the refresh lock, so healthy masters' calls missed their budget in a fa
 
 Sentinel: every sentinel of the URL is asked for the master (in turn, the first to answer wins), on
 every new connection; a connection to a master that was demoted is dropped on READONLY and the next
-one asks the sentinels again (redis-py's SentinelManagedConnection).
+one asks the sentinels again (redis-py's SentinelManagedConnection). The master's pool is capped as a
+single server's is (POOL_SIZE, a command waits for a free connection): redis-py's Sentinel pool opens up to
+100 and then raises "Too many connections", a ConnectionError the guard took for Redis down (every tenant
+local) when a burst met a cold pool, e.g. right after a failover. The clients asking the sentinels are
+capped too (SENTINEL_POOL_SIZE each, waiting the same way).
 """
 
 from __future__ import annotations
@@ -40,15 +44,17 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, unquote
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis._parsers.commands import AsyncCommandsParser
 from redis.backoff import NoBackoff
 
 RedisClient = Redis | RedisCluster
 _IN_COMMAND: ContextVar[bool] = ContextVar("redis_cluster_in_command", default=False)
-POOL_SIZE = 32  # connections per gateway process to a single server
+POOL_SIZE = 32  # connections per gateway process to a single server (or a Sentinel-managed master)
+SENTINEL_POOL_SIZE = 4  # connections per gateway process to each sentinel (asked once per new master connection)
 Kind = Literal["single", "sentinel", "cluster"]
 SCHEMES: dict[str, tuple[Kind, bool]] = {
     "redis": ("single", False), "rediss": ("single", True), "unix": ("single", False),
@@ -182,10 +188,22 @@ def connect(
         # require_full_coverage=False: a slot map with a master's slots missing still serves the others
         return SeededCluster(target.hosts, ssl=target.tls, username=target.username, password=target.password,
                              require_full_coverage=False, **options)
-    sentinel_options = {"socket_connect_timeout": connect_timeout_s, "socket_timeout": socket_timeout_s,
-                        "password": target.sentinel_password, "ssl": target.tls}
+    sentinel_options: dict[str, Any] = {"socket_connect_timeout": connect_timeout_s, "socket_timeout": socket_timeout_s,
+                                        "password": target.sentinel_password}
     sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]
+    sentinel_class = SSLConnection if target.tls else Connection
+    sentinel.sentinels = [  # the same clients, on capped pools
+        Redis.from_pool(BlockingConnectionPool(connection_class=sentinel_class, host=host, port=port,
+                                               max_connections=SENTINEL_POOL_SIZE, timeout=socket_timeout_s,
+                                               **sentinel_options))
+        for host, port in target.hosts]
     assert target.service is not None
-    client: Redis = sentinel.master_for(target.service, db=target.db, ssl=target.tls, username=target.username,
-                                        password=target.password)
+    client: Redis = sentinel.master_for(target.service, connection_pool_class=BlockingSentinelPool, db=target.db,
+                                        ssl=target.tls, username=target.username, password=target.password,
+                                        max_connections=POOL_SIZE, timeout=socket_timeout_s)
     return client
+
+
+class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """redis-py's Sentinel pool (connections to whichever node the sentinels name as master) with the blocking
+    pool's cap: at most `max_connections`, a command waits up to `timeout` for a free one."""

@@ -20,7 +20,8 @@ Metrics: `gateway_redis_up` (1 when every node answers), `gateway_redis_node_up{
 `gateway_redis_slots_unavailable` (slots whose master is down; 16384 when the whole of Redis is),
 `gateway_redis_errors_total{op}`, `gateway_redis_error_kinds_total{kind}`, `gateway_redis_op_seconds{op}`;
 logs: `redis_unavailable` (at most one per `warn_every_s` per node), `redis_recovered{node}`,
-`redis_op_failed` (rate-limited the same way).
+`redis_failed_over{node, to}` (a cluster master's slots, or a Sentinel's master, served by another node now),
+`redis_op_failed` (rate-limited the same way). Behind Sentinel, /readyz's nodes down name the master that failed.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class NodeState:
     timeouts: int = 0  # in a row
     first_timeout_at: float = 0.0
     since: float = 0.0  # when it went down
+    master: str | None = None  # Sentinel: the master it was when it went down (Topology.master)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +112,9 @@ class RedisGuard:
     def status(self) -> RedisStatus:
         if not self._down:
             return RedisStatus("up", (), 0)
-        if WHOLE in self._down:
-            return RedisStatus("down", tuple(sorted(self._down)), SLOTS)
+        if WHOLE in self._down:  # Sentinel: named by the master that failed
+            named = {self._nodes[name].master or name if name in self._nodes else name for name in self._down}
+            return RedisStatus("down", tuple(sorted(named)), SLOTS)
         slots = self.topology.slots_by_master()
         owning = {name for name in self._down if name in slots}
         unassigned = SLOTS - sum(slots.values()) if UNASSIGNED in self._down else 0
@@ -243,6 +246,7 @@ class RedisGuard:
         if state.up:
             state.up = False
             state.since = time.monotonic()
+            state.master = self.topology.master() if name == WHOLE else None
             self._down.add(name)
             self._up_gauge.set(0)
             self._node_up.labels(name).set(0)
@@ -250,9 +254,12 @@ class RedisGuard:
 
     def _mark_up(self, name: str) -> None:
         state = self._state(name)
-        was_down_s = time.monotonic() - state.since
+        was_down_s, before, now = time.monotonic() - state.since, state.master, self.topology.master()
         self._forget(name)
-        log.info("redis_recovered", node=name, down_s=round(was_down_s, 3))
+        if before is not None and now is not None and now != before:  # Sentinel promoted another node
+            log.info("redis_failed_over", node=before, to=now, down_s=round(was_down_s, 3))
+        else:
+            log.info("redis_recovered", node=before or name, down_s=round(was_down_s, 3))
 
     def _forget(self, name: str) -> None:
         state = self._state(name)

@@ -1,6 +1,7 @@
 """Where a Redis call goes and what its failure means: the guard's per-node view (issue 41).
 
-A single server or a Sentinel-managed master is one node, WHOLE. On a Redis Cluster a call goes to the
+A single server or a Sentinel-managed master is one node, WHOLE (for Sentinel, `Topology.master` names
+the master the client last reached, so /readyz and the logs can say which one failed and which took over). On a Redis Cluster a call goes to the
 master owning its key's hash slot, read from the client's own slot map (no round trip): a failure is
 that master's, and calls whose keys live on the other masters go on. WHOLE there means the cluster as a
 whole (no seed reachable, or a keyless call); UNASSIGNED a slot that no master serves in the map.
@@ -28,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import (
     AskError,
     BusyLoadingError,
@@ -72,6 +74,14 @@ class Topology:
 
     def __init__(self, client: RedisClient) -> None:
         self.cluster: RedisCluster | None = client if isinstance(client, RedisCluster) else None
+        pool = getattr(client, "connection_pool", None)
+        self.sentinel: SentinelConnectionPool | None = pool if isinstance(pool, SentinelConnectionPool) else None
+
+    def master(self) -> str | None:
+        """Sentinel: 'host:port' of the master the client's connections last went to (the sentinels' answer at
+        the last new connection); None before the first one, and for a single server or a cluster."""
+        address = self.sentinel.master_address if self.sentinel is not None else None
+        return f"{address[0]}:{address[1]}" if address else None
 
     def nodes_of(self, keys: Keys) -> set[str]:
         cluster = self.cluster

@@ -79,12 +79,14 @@ class EmbeddedRedis:
     def __init__(
         self, binary: str | Path | None = None, *, port: int | None = None, maxmemory: str | None = None,
         start_timeout_s: float = 5.0, die_with_parent: bool = True, extra_args: tuple[str, ...] = (),
+        config_file: Path | None = None,
     ) -> None:
         self.binary = find_redis_server(binary)
         self.port = port or 0
         self._auto_port = port is None
         self.maxmemory = maxmemory  # e.g. "256mb": then keys are evicted allkeys-lru
         self.extra_args = extra_args  # more `--option value` pairs (a cluster node's, gateway.local.redis_cluster)
+        self.config_file = config_file  # read first (a sentinel's, which Sentinel rewrites: gateway.local.redis_sentinel)
         self.start_timeout_s = start_timeout_s
         self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
         self.data_dir: Path | None = None
@@ -119,7 +121,8 @@ class EmbeddedRedis:
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix="gateway-redis-"))
         self.port = self.port or free_port()
-        command = [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+        command = [str(self.binary), *([str(self.config_file)] if self.config_file else []),
+                   "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
                    "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
         if self.maxmemory:
             command += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]

@@ -7,8 +7,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import (
     AskError,
     BusyLoadingError,
@@ -24,7 +25,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.sentinel import MasterNotFoundError
 
-from gateway.cache.connection import SeededCluster, connect
+from gateway.cache.connection import POOL_SIZE, SENTINEL_POOL_SIZE, BlockingSentinelPool, SeededCluster, connect
 from gateway.cache.guard import RedisGuard
 from gateway.cache.nodes import SLOTS, WHOLE, Keys, Topology, classify
 from gateway.experiments.shadow import PairStore, ShadowPair, pair_key
@@ -54,6 +55,9 @@ class FakeTopology:
 
     def slots_by_master(self) -> dict[str, int]:
         return {"A:1": SLOTS // 2, self._b(): SLOTS // 2}
+
+    def master(self) -> str | None:
+        return None
 
 
 def failing(err: BaseException, node: str | None = None) -> Callable[[], Awaitable[str]]:
@@ -240,3 +244,35 @@ async def test_sessions_and_shadow_pairs_name_their_keys_so_a_dead_master_is_onl
     assert await sessions.peek("mine:s2") == Held(1, "large")  # Redis's answer, not the (empty) local one
     assert await pairs.add(pair("mine"), 10) and await pairs.recent("mine") == [{"tenant": "mine"}]
     assert client.answered == [redis_key("mine:s1"), redis_key("mine:s2"), pair_key("mine"), pair_key("mine")]
+
+
+async def test_a_sentinel_client_is_capped_like_a_single_server() -> None:
+    """redis-py's own Sentinel pool opens up to 100 connections, then fails with "Too many connections" (a
+    ConnectionError: Redis down to the guard); the gateway's waits for one of POOL_SIZE, and each sentinel's for
+    one of SENTINEL_POOL_SIZE (tests/integration/test_redis_sentinel.py: 150 commands at once)."""
+    client = connect("redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc")
+    assert isinstance(client, Redis)
+    pool = client.connection_pool
+    assert isinstance(pool, BlockingSentinelPool) and pool.max_connections == POOL_SIZE
+    sentinels = pool.sentinel_manager.sentinels
+    assert len(sentinels) == 2 and all(isinstance(s.connection_pool, BlockingConnectionPool)
+                                       and s.connection_pool.max_connections == SENTINEL_POOL_SIZE for s in sentinels)
+    await client.aclose()
+
+
+async def test_behind_sentinel_readyz_names_the_dead_master_and_the_log_the_one_that_took_over() -> None:
+    client = connect("redis+sentinel://127.0.0.1:1/svc")
+    assert isinstance(client, Redis)
+    pool = client.connection_pool
+    g = RedisGuard(client, op_timeout_s=0.05, down_backoff_s=0.0)
+    pool.master_address = ("10.0.0.1", 6379)  # type: ignore[attr-defined]  # the sentinels' answer, as last read
+    assert g.topology.master() == "10.0.0.1:6379"
+    with capture_logs() as logs:
+        assert await g.run("get", failing(RedisConnectionError("refused")), key="k") is None
+        status = g.status()
+        assert (status.state, status.nodes_down, status.slots_unavailable) == ("down", ("10.0.0.1:6379",), SLOTS)
+        pool.master_address = ("10.0.0.2", 6379)  # type: ignore[attr-defined]  # a replica promoted
+        assert await g.run("get", ok, key="k") == "ok" and g.status().state == "up"
+    assert [(e["event"], e.get("node"), e.get("to")) for e in logs if e["event"] != "redis_unavailable"] == [
+        ("redis_failed_over", "10.0.0.1:6379", "10.0.0.2:6379")]
+    await client.aclose()
