@@ -20,8 +20,10 @@ from structlog.testing import capture_logs
 
 from gateway.app import create_app
 from gateway.cache.connection import POOL_SIZE, connect
+from gateway.cache.guard import RedisGuard
 from gateway.config import GatewayConfig, PolicyConfig
 from gateway.local.redis_sentinel import EmbeddedSentinels
+from gateway.local.redis_server import free_port
 from gateway.state import GATEWAY
 from gateway.testing import gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
@@ -177,3 +179,17 @@ async def test_a_gateway_through_the_masters_death_and_a_sentinel_failover(
             await asyncio.sleep(0.05)
         assert guard.topology.master() == f"127.0.0.1:{new.port}"
     assert traffic.statuses.keys() == {200}, traffic.statuses
+
+
+async def test_a_sentinel_down_is_passed_over(sentinels: EmbeddedSentinels) -> None:
+    """The first sentinel of the URL refuses: the next one names the master, on the first call."""
+    dead = free_port()
+    client = connect(sentinels.url.replace("redis+sentinel://", f"redis+sentinel://127.0.0.1:{dead},"))
+    guard = RedisGuard(client, op_timeout_s=2.0)
+    try:
+        start = time.perf_counter()
+        assert await guard.run("set", lambda: client.set("sentinel-seed", "v"), key="sentinel-seed") is True
+        print(f"first call past a dead sentinel: {time.perf_counter() - start:.3f} s")
+        assert time.perf_counter() - start < 1.0 and guard.up
+    finally:
+        await client.aclose()
