@@ -69,6 +69,7 @@ class RequestContext:
     rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.routing.detour)
     spill: SpillChoice | None = None  # the spill step's decision, when the tenant's policy spills (gateway.routing.spill)
     escalation: Escalation | None = None  # the first part of an escalated answer (gateway.routing.escalate)
+    held_logprobs: list[float] | None = None  # a held stream's tokens' log-probabilities so far (escalate.hold_tokens)
     replica: Replica | None = None
     attempts: int = 0
     upstream_started: bool = False  # a replica accepted the request (answered 200)

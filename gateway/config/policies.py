@@ -226,10 +226,13 @@ class Spill(Frozen):
 
 class Escalate(Frozen):
     """An answer whose confidence is low goes to the next tier up the tenant may use (issue 39): the geometric
-    mean of its tokens' probabilities below `min_confidence` (gateway.routing.escalate). Non-streamed requests
-    of one output without tools."""
+    mean of its tokens' probabilities below `min_confidence` (gateway.routing.escalate). Requests of one output
+    without tools; streams only with `hold_tokens`."""
 
     min_confidence: float = Field(ge=0.0, le=1.0, description="escalate an answer whose confidence is below this")
+    hold_tokens: int | None = Field(
+        default=None, ge=1, le=64, description="streams: hold the first K tokens, decide on their confidence, then "
+        "stream (the client's first token waits for K; unset: streams never escalate)")
 
 
 def _check_experiments(experiments: tuple[Experiment, ...] | None) -> tuple[Experiment, ...] | None:

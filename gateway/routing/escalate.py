@@ -6,9 +6,12 @@ completions `logprobs: 1`; the client's own settings kept when it asked); the an
 geometric mean of its tokens' probabilities, exp(mean logprob), in [0, 1]. Below C (`escalates`: exactly C is
 confident enough) the request goes to `next_tier`, the next tier up in routes order the tenant may use
 (same endpoint), and that answer is returned (gateway.upstream.escalate). An answer without log-probabilities
-(a backend that sends none, an empty answer) has no confidence and is kept.
+(a backend that sends none, an empty answer) has no confidence and is kept. A stream escalates only when the
+tenant sets `hold_tokens: K`: its first K tokens are held (not sent), their confidence decides, then it streams
+from the tier that keeps it (gateway.upstream.escalate, gateway.upstream.held).
 
-Both parts are priced and logged: `Escalation` keeps the first part (tier, replica, tokens, confidence);
+Every decision is logged (`escalation`: the confidence, the rule, the outcome, when it was made); an escalated
+answer's both parts are priced: `Escalation` keeps the first part (tier, replica, tokens, confidence);
 accounting adds its cost (`first_cost`) and the log line's `escalated_from` and `escalation` (`log_fields`).
 """
 
@@ -30,22 +33,25 @@ class Escalation:
     """An answer that was escalated: the first part (the tier that answered first) and why."""
 
     rule: Escalate
-    confidence: float
+    confidence: float | None  # None: the answer had no log-probabilities
     from_tier: Tier
     from_replica: str | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    first_ms: float  # the first part's time, from the request's start to its answer
-    outcome: str = "escalated"  # or why the second tier did not answer: the first answer was returned
+    first_ms: float  # from the request's start to the decision (a held stream: when the client's stream may start)
+    # escalated; kept (confident, or no confidence); or why the second tier did not answer: the first answer returned
+    outcome: str = "escalated"
 
 
 def armed(ctx: RequestContext) -> Escalate | None:
-    """The tenant's escalate rule when this request may escalate: not streamed (streams: hold_tokens, not yet),
+    """The tenant's escalate rule when this request may escalate: not streamed (a stream only with hold_tokens),
     one output (not n > 1, best_of, prompt lists), no tools or functions offered, chat or completions on a tier
     not serving the protocol natively, not escalated already, and a tier above it the tenant may use."""
     tenant, reading = ctx.tenant, ctx.reading
-    if tenant is None or tenant.escalate is None or reading is None or ctx.stream or ctx.tier is None:
+    if tenant is None or tenant.escalate is None or reading is None or ctx.tier is None:
+        return None
+    if ctx.stream and tenant.escalate.hold_tokens is None:
         return None
     if ctx.endpoint not in ("chat", "completions") or reading.generated != 1 or ctx.escalation is not None:
         return None
@@ -137,9 +143,12 @@ def log_fields(ctx: RequestContext, day: date, served_cost: float) -> dict[str, 
     if first is None:
         return {"escalated_from": None, "escalation": None}
     part = {"tier": first.from_tier.name, "replica": first.from_replica, "prompt_tokens": first.prompt_tokens,
-            "completion_tokens": first.completion_tokens, "cost_usd": first_cost(ctx, day), "ms": first.first_ms}
-    report: dict[str, Any] = {"confidence": round(first.confidence, 4), "min_confidence": first.rule.min_confidence,
-                              "outcome": first.outcome}
+            "completion_tokens": first.completion_tokens, "cost_usd": first_cost(ctx, day)}
+    report: dict[str, Any] = {
+        "confidence": None if first.confidence is None else round(first.confidence, 4),
+        "min_confidence": first.rule.min_confidence, "outcome": first.outcome, "decided_ms": first.first_ms}
+    if ctx.stream:
+        report["hold_tokens"] = first.rule.hold_tokens
     if first.outcome == "escalated":
         report["parts"] = [part, {
             "tier": ctx.tier.name if ctx.tier else None, "replica": ctx.replica.name if ctx.replica else None,

@@ -1,28 +1,34 @@
-"""Escalate, the step after the answer (issue 39): a non-streamed answer whose confidence is below the tenant's
+"""Escalate, the step after the answer (issue 39): an answer whose confidence is below the tenant's
 `escalate.min_confidence` is asked again of the next tier up, and that answer is returned.
 
     proxy (the hop asked the tier for log-probabilities: gateway.routing.escalate.armed)
-      -> escalate: confidence of the answer; confident (or none measured): the answer, its log-probabilities
-                   stripped unless the client asked; else the next tier's replicas ranked, a slot of its
-                   admission gate (none free in `max_wait_ms`: the first answer), the hop again (`UpstreamHop.answer`:
-                   its own attempts, each owning its lease), and that answer; a second tier that fails or sheds
-                   leaves the first answer, said in the log (`escalation.outcome`)
+      -> escalate: the answer's confidence (a stream with `hold_tokens: K`: its first K tokens', read from its relay
+                   and held, none sent yet); confident, or none measured: the answer (the held chunks, then the rest
+                   of the stream), its log-probabilities stripped unless the client asked; else the next tier's
+                   replicas ranked, a slot of its admission gate (none free in `max_wait_ms`: the first answer), the
+                   hop again (`UpstreamHop.answer`: its own attempts, each owning its lease), and that answer; a
+                   second tier that fails or sheds leaves the first answer, said in the log (`escalation.outcome`)
 
-The first part is kept in `ctx.escalation` (tier, replica, tokens): accounting prices both parts, the log line
-names them (`escalated_from`, `escalation.parts`), the response says `x-gateway-escalated-from`. An escalated
-answer is never stored in the cache (its key is the first tier's). The second hop takes no retry from the budget:
-it is the policy's request, not a retry. Metric: `gateway_escalations_total{outcome}`.
+A held stream stays open (its relay owning its lease) until the second tier's first byte came; then its relay is
+closed, which ends its lease and says what it generated. The first part is kept in `ctx.escalation` (tier, replica,
+tokens): accounting prices both parts, the log line names them (`escalated_from`, `escalation.parts`), the response
+says `x-gateway-escalated-from`. An escalated answer is never stored in the cache (its key is the first tier's). The
+second hop takes no retry from the budget: it is the policy's request, not a retry. Metric:
+`gateway_escalations_total{outcome}`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import structlog
 
 from gateway.config import Tier
+from gateway.config.policies import Escalate
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, Overloaded
 from gateway.metrics import GatewayMetrics
@@ -32,7 +38,8 @@ from gateway.routing.escalate import (
 )
 from gateway.routing.ranking import RankStage
 from gateway.stages.admission import AdmissionStage
-from gateway.types import JsonReply, Reply
+from gateway.types import JsonReply, Reply, StreamReply
+from gateway.upstream.held import HeldStream
 from gateway.upstream.hop import UpstreamHop
 
 log = structlog.get_logger("gateway.escalate")
@@ -58,8 +65,11 @@ class EscalateStage:
 
     async def __call__(self, ctx: RequestContext, reply: Reply) -> Reply:
         rule = armed(ctx)
-        if rule is None or not isinstance(reply, JsonReply) or reply.status != 200 or not ctx.upstream_started \
-                or ctx.cache in HITS:
+        if rule is None or not ctx.upstream_started or ctx.cache in HITS:
+            return reply
+        if isinstance(reply, StreamReply):
+            return await self._held(ctx, reply, rule) if ctx.held_logprobs is not None else reply
+        if reply.status != 200:
             return reply
         try:
             answer = orjson.loads(reply.body)
@@ -67,24 +77,70 @@ class EscalateStage:
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             return reply
         value = confidence(token_logprobs(choice)) if isinstance(choice, dict) else None
+        first = self._first(ctx, rule, value, ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
         if not escalates(value, rule):
-            self.outcomes["kept" if value is not None else "no_confidence"].inc()
+            self._kept(ctx, first)
             return self._client_answer(ctx, reply, answer)
-        target = next_tier(ctx)
-        assert value is not None and target is not None and ctx.tier is not None  # armed: a tier above
-        first = Escalation(rule, value, ctx.tier, ctx.replica.name if ctx.replica else None, ctx.prompt_tokens or 0,
-                           ctx.completion_tokens or 0, ctx.cached_tokens, round((time.perf_counter() - ctx.started) * 1000, 3))
-        second = await self._second(ctx, target, first)
+        second = await self._second(ctx, first)
         if isinstance(second, str):
-            self.outcomes[second].inc()
             return self._client_answer(ctx, reply, answer)
-        self.outcomes["escalated"].inc()
-        log.info("escalated", request_id=ctx.request_id, from_tier=first.from_tier.name, to_tier=target.name,
-                 confidence=round(value, 4), min_confidence=rule.min_confidence)
+        self._escalated(ctx, first)
         return second
 
-    async def _second(self, ctx: RequestContext, target: Tier, first: Escalation) -> Reply | str:
+    async def _held(self, ctx: RequestContext, reply: StreamReply, rule: Escalate) -> Reply:
+        """A stream held for its first `hold_tokens` tokens (none sent yet): kept, or the next tier's stream."""
+        logprobs = ctx.held_logprobs
+        assert logprobs is not None and rule.hold_tokens is not None and ctx.tier is not None
+        source = reply.source
+        rest: AsyncIterator[bytes] | None = source.chunks()
+        held: list[bytes] = []
+        try:
+            while len(logprobs) < rule.hold_tokens and rest is not None:
+                try:
+                    held.append(await anext(rest))
+                except StopAsyncIteration:
+                    rest = None  # the whole answer came within the hold
+        except BaseException:
+            source.close()  # the client left, or the relay failed: its lease ends with it
+            raise
+        kept = StreamReply(HeldStream(held, rest, source), reply.headers)
+        value = confidence(logprobs[:rule.hold_tokens])
+        prompt = self._hop.resumes.counters.for_spec(ctx.tier.tokenizer).count_prompt(ctx.endpoint, ctx.body)
+        first = self._first(ctx, rule, value, prompt, len(logprobs), 0)
+        if not escalates(value, rule):
+            self._kept(ctx, first)
+            return kept
+        second = await self._second(ctx, first)
+        if isinstance(second, str):
+            return kept
+        if (end := getattr(rest, "aclose", None)) is not None:
+            await end()  # the relay's generator (SseRelay.chunks), left where it was
+        self._end_first(ctx, source)
+        self._escalated(ctx, ctx.escalation or first)
+        return second
+
+    @staticmethod
+    def _end_first(ctx: RequestContext, source: Any) -> None:
+        """Close the held stream's relay (it releases its lease and tallies what it generated into the context),
+        take its tokens for the first part, and give the context back to the second."""
+        keep = {name: getattr(ctx, name) for name in ("output_capped", "error", "cached_tokens")}
+        source.close()
+        first = ctx.escalation
+        assert first is not None
+        if ctx.usage_source == "backend":  # it ended within the hold: its own counts
+            prompt, completion = ctx.prompt_tokens or first.prompt_tokens, ctx.completion_tokens or 0
+        else:
+            prompt, completion = first.prompt_tokens, max(first.completion_tokens, ctx.output_chunks)
+        ctx.escalation = dataclasses.replace(first, prompt_tokens=prompt, completion_tokens=completion)
+        ctx.prompt_tokens = ctx.completion_tokens = ctx.usage_source = ctx.priced_from = None
+        ctx.output_chunks, ctx.first_token_at, ctx.finish_reason, ctx.response_text = 0, None, None, None
+        for name, value in keep.items():
+            setattr(ctx, name, value)
+
+    async def _second(self, ctx: RequestContext, first: Escalation) -> Reply | str:
         """The next tier's answer, or why there is none (the context as the first answer left it)."""
+        target = next_tier(ctx)
+        assert target is not None  # armed: a tier above
         saved: dict[str, Any] = {name: getattr(ctx, name) for name in _STATE}
         choice = await self._rank.choose(ctx, target)
         ctx.escalation = first  # from here the request is escalated: no more log-probabilities asked
@@ -108,21 +164,44 @@ class EscalateStage:
             reply = await self._hop.answer(ctx)
         except GatewayError as err:
             log.warning("escalation_failed", request_id=ctx.request_id, to_tier=target.name, reason=err.message)
-            return self._back(ctx, saved, first, "failed")
-        finally:
             if permit is not None:
+                permit.release()
+            return self._back(ctx, saved, first, "failed")
+        except BaseException:
+            if permit is not None:
+                permit.release()
+            raise
+        if permit is not None:  # a stream holds its slot to its end (the finishers run after it)
+            if ctx.stream:
+                ctx.finishers.append(lambda _: permit.release())
+            else:
                 permit.release()
         ctx.attempts += saved["attempts"]
         return reply
 
-    @staticmethod
-    def _back(ctx: RequestContext, saved: dict[str, Any], first: Escalation, outcome: str) -> str:
+    def _back(self, ctx: RequestContext, saved: dict[str, Any], first: Escalation, outcome: str) -> str:
         for name, value in saved.items():
             setattr(ctx, name, value)
-        ctx.escalation = Escalation(first.rule, first.confidence, first.from_tier, first.from_replica,
-                                    first.prompt_tokens, first.completion_tokens, first.cached_tokens, first.first_ms,
-                                    outcome)
+        ctx.escalation = dataclasses.replace(first, outcome=outcome)
+        self.outcomes[outcome].inc()
         return outcome
+
+    @staticmethod
+    def _first(ctx: RequestContext, rule: Escalate, value: float | None, prompt: int, completion: int,
+               cached: int) -> Escalation:
+        assert ctx.tier is not None
+        return Escalation(rule, value, ctx.tier, ctx.replica.name if ctx.replica else None, prompt, completion, cached,
+                          round((time.perf_counter() - ctx.started) * 1000, 3))
+
+    def _kept(self, ctx: RequestContext, first: Escalation) -> None:
+        ctx.escalation = dataclasses.replace(first, outcome="kept" if first.confidence is not None else "no_confidence")
+        self.outcomes[ctx.escalation.outcome].inc()
+
+    def _escalated(self, ctx: RequestContext, first: Escalation) -> None:
+        self.outcomes["escalated"].inc()
+        log.info("escalated", request_id=ctx.request_id, from_tier=first.from_tier.name,
+                 to_tier=ctx.tier.name if ctx.tier else None, confidence=first.confidence,
+                 min_confidence=first.rule.min_confidence)
 
     @staticmethod
     def _client_answer(ctx: RequestContext, reply: JsonReply, answer: dict[str, Any]) -> JsonReply:

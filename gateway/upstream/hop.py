@@ -31,11 +31,12 @@ from gateway.context import RequestContext
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.anthropic import wants_stop_word
 from gateway.protocols.native import ResponsesScanner, is_native, upstream_body as native_body
-from gateway.routing.escalate import armed, ask_logprobs
+from gateway.routing.escalate import armed, ask_logprobs, client_asked
 from gateway.sse import OutputLimit, SseScanner
 from gateway.tokens import TokenCounters
 from gateway.types import Reply, StreamReply
 from gateway.upstream.attempt import PATHS, Attempt, failover
+from gateway.upstream.held import HoldScanner
 from gateway.upstream.resume import StreamResumes
 from gateway.upstream.settle import settle_json
 from gateway.upstream.sink import ContextSink, outputs, price_abandoned
@@ -84,10 +85,17 @@ class UpstreamHop:
         cap = ctx.tenant.output_cap if ctx.tenant else None
         limit = OutputLimit(cap.tokens, cap.chars) if cap else None
         resumer = None if is_native(ctx) else self.resumes.for_request(ctx, attempt.lease)  # it needs the text
-        scanner = (ResponsesScanner if is_native(ctx) else SseScanner)(
-            ctx.endpoint, forward_usage=ctx.client_wants_usage,
-            collect_text=ctx.cache_key is not None or ctx.keep_text or resumer is not None, limit=limit,
-            outputs=outputs(ctx)[0])
+        collect = ctx.cache_key is not None or ctx.keep_text or resumer is not None
+        scanner: SseScanner
+        if armed(ctx) is not None:  # held for its first tokens' confidence (escalate.hold_tokens)
+            ctx.held_logprobs = []
+            scanner = HoldScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage, collect_text=collect,
+                                  limit=limit, outputs=outputs(ctx)[0], logprobs=ctx.held_logprobs,
+                                  strip=not client_asked(ctx.endpoint, ctx.body))
+        else:
+            scanner = (ResponsesScanner if is_native(ctx) else SseScanner)(
+                ctx.endpoint, forward_usage=ctx.client_wants_usage, collect_text=collect, limit=limit,
+                outputs=outputs(ctx)[0])
         response, lease = attempt.hand_over()
         sink = ContextSink(ctx, lease, self._count_tokens)
         idle_s = ctx.config.routes.upstream.read_timeout_s

@@ -7,6 +7,7 @@ import math
 from datetime import date
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
@@ -19,6 +20,7 @@ from gateway.routing.escalate import (
 from gateway.stages.policy import PolicyStage
 from gateway.testing import gateway_config, tier
 from gateway.testing.contexts import parsed_context
+from gateway.upstream.held import HoldScanner
 
 RULE = Escalate(min_confidence=0.6)
 
@@ -167,3 +169,31 @@ async def test_a_failed_escalation_is_one_part_and_costs_nothing_more() -> None:
     fields = log_fields(ctx, date(2026, 6, 1), 0.0)
     assert fields["escalated_from"] is None and fields["escalation"]["outcome"] == "failed"
     assert "parts" not in fields["escalation"]
+
+
+async def test_a_stream_is_armed_only_with_hold_tokens() -> None:
+    assert armed(await context(stream=True)) is None
+    held = config({"min_confidence": 0.6, "hold_tokens": 3})
+    assert armed(await context(held, stream=True)) == Escalate(min_confidence=0.6, hold_tokens=3)
+    assert armed(await context(held, stream=True, n=2)) is None
+    with pytest.raises(ValidationError):
+        Escalate(min_confidence=0.5, hold_tokens=0)
+
+
+def chunk(token: str, logprob: float) -> bytes:
+    event = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": token}, "logprobs": {"content": [{"token": token, "logprob": logprob}]},
+         "finish_reason": None}]}
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+@pytest.mark.parametrize("strip", [True, False])
+def test_the_hold_scanner_reads_each_tokens_logprob_and_strips_it_unless_asked(strip: bool) -> None:
+    logprobs: list[float] = []
+    scanner = HoldScanner("chat", forward_usage=False, logprobs=logprobs, strip=strip)
+    out = scanner.feed(chunk("a", -0.5)) + scanner.feed(chunk("b", -1.5) + chunk("c", -0.25))
+    assert logprobs == [-0.5, -1.5, -0.25]
+    events = [orjson.loads(line[6:]) for line in out.split(b"\n\n") if line]
+    assert [e["choices"][0]["delta"]["content"] for e in events] == ["a", "b", "c"]
+    assert all((e["choices"][0]["logprobs"] is None) == strip for e in events)
+    assert scanner.tally.content_chunks == 3
