@@ -6,6 +6,7 @@ the tier's `brownout_to` tier when its own is saturated. After the cache: a hit 
 
 from __future__ import annotations
 
+import time
 from typing import NoReturn
 
 import structlog
@@ -73,9 +74,11 @@ class AdmissionStage:
                     f"{slo_s * 1000:.0f} ms TTFT objective of tenant {ctx.tenant_name!r}",
                     code="predicted_slo_miss", retry_after=max(wait, predicted)))
         max_wait = slo_s - predicted if slo_s is not None else ctx.config.routes.admission.max_wait_ms / 1000
+        queued_at = time.perf_counter()
         try:
             permit = await gate.acquire(ctx.tenant_name, priority, max_wait)
         except Overloaded as err:
+            ctx.queue_ms = (time.perf_counter() - queued_at) * 1000  # a refusal after a wait logs the wait
             self._shed(ctx, gate, err)
         ctx.queue_ms = permit.waited_s * 1000
         ctx.first_byte_hooks.append(permit.sample)

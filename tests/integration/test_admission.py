@@ -135,6 +135,7 @@ async def test_a_request_waits_in_the_queue_at_most_its_deadline(
     assert (await _json(body))["error"]["code"] == "queue_timeout"
     line = next(e for e in logs if e["event"] == "request")
     assert line["error"] == "queue_timeout" and 90 <= line["e2e_ms"] < 400
+    assert 90 <= line["queue_ms"] <= line["e2e_ms"]  # the refused request's wait, logged (it said 0.0)
     assert (await holder)[0] == 200
 
 
