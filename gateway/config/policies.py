@@ -230,6 +230,9 @@ class Escalate(Frozen):
     without tools; streams only with `hold_tokens`."""
 
     min_confidence: float = Field(ge=0.0, le=1.0, description="escalate an answer whose confidence is below this")
+    measure: Literal["geometric_mean", "least_token"] = Field(
+        default="geometric_mean", description="the answer's confidence: the geometric mean of its tokens' "
+        "probabilities (length-normalized), or its least likely token's probability (short answers: docs/BENCHMARKS.md)")
     hold_tokens: int | None = Field(
         default=None, ge=1, le=64, description="streams: hold the first K tokens, decide on their confidence, then "
         "stream (the client's first token waits for K; unset: streams never escalate)")

@@ -1,11 +1,12 @@
 """Escalate: an answer whose confidence is low goes to the next tier up (issue 39). The decision, pure.
 
-Per tenant, `escalate: {min_confidence: C, hold_tokens: K?}`. A non-streamed request of one output without tools
-(`armed`) asks its tier for token log-probabilities (`ask_logprobs`: chat `logprobs: true, top_logprobs: 1`,
-completions `logprobs: 1`; the client's own settings kept when it asked); the answer's `confidence` is the
-geometric mean of its tokens' probabilities, exp(mean logprob), in [0, 1]. Below C (`escalates`: exactly C is
-confident enough) the request goes to `next_tier`, the next tier up in routes order the tenant may use
-(same endpoint), and that answer is returned (gateway.upstream.escalate). An answer without log-probabilities
+Per tenant, `escalate: {min_confidence: C, measure?, hold_tokens: K?}`. A non-streamed request of one output
+without tools (`armed`) asks its tier for token log-probabilities (`ask_logprobs`: chat `logprobs: true,
+top_logprobs: 1`, completions `logprobs: 1`; the client's own settings kept when it asked); the answer's
+`confidence` is the geometric mean of its tokens' probabilities, exp(mean logprob), in [0, 1] (or, `measure:
+least_token`, its least likely token's probability: better on short answers, docs/BENCHMARKS.md). Below C
+(`escalates`: exactly C is confident enough) the request goes to `next_tier`, the next tier up in routes order
+the tenant may use (same endpoint), and that answer is returned (gateway.upstream.escalate). An answer without log-probabilities
 (a backend that sends none, an empty answer) has no confidence and is kept. A stream escalates only when the
 tenant sets `hold_tokens: K`: its first K tokens are held (not sent), their confidence decides, then it streams
 from the tier that keeps it (gateway.upstream.escalate, gateway.upstream.held).
@@ -105,11 +106,15 @@ def token_logprobs(choice: dict[str, Any]) -> list[float] | None:
     return out or None
 
 
-def confidence(logprobs: list[float] | None) -> float | None:
-    """The geometric mean of the tokens' probabilities, exp(mean logprob), in [0, 1]; None without tokens.
-    A -inf logprob (probability 0) gives 0; a positive one (rounding) counts as 0 (probability 1)."""
+def confidence(logprobs: list[float] | None, measure: str = "geometric_mean") -> float | None:
+    """The geometric mean of the tokens' probabilities, exp(mean logprob), in [0, 1] (`least_token`: the least
+    likely token's probability, exp(min logprob)); None without tokens. A -inf logprob (probability 0) gives 0;
+    a positive one (rounding) counts as 0 (probability 1)."""
     if not logprobs:
         return None
+    if measure == "least_token":
+        least = min(min(0.0, lp) for lp in logprobs)
+        return 0.0 if least == -math.inf else math.exp(least)
     mean = sum(min(0.0, lp) for lp in logprobs) / len(logprobs)
     return 0.0 if mean == -math.inf else math.exp(mean)
 

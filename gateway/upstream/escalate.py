@@ -76,7 +76,7 @@ class EscalateStage:
             choice = answer["choices"][0]
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             return reply
-        value = confidence(token_logprobs(choice)) if isinstance(choice, dict) else None
+        value = confidence(token_logprobs(choice), rule.measure) if isinstance(choice, dict) else None
         first = self._first(ctx, rule, value, ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
         if not escalates(value, rule):
             self._kept(ctx, first)
@@ -104,7 +104,7 @@ class EscalateStage:
             source.close()  # the client left, or the relay failed: its lease ends with it
             raise
         kept = StreamReply(HeldStream(held, rest, source), reply.headers)
-        value = confidence(logprobs[:rule.hold_tokens])
+        value = confidence(logprobs[:rule.hold_tokens], rule.measure)
         prompt = self._hop.resumes.counters.for_spec(ctx.tier.tokenizer).count_prompt(ctx.endpoint, ctx.body)
         first = self._first(ctx, rule, value, prompt, len(logprobs), 0)
         if not escalates(value, rule):

@@ -217,3 +217,14 @@ async def test_a_stream_is_not_held_without_hold_tokens(start_emulator: StartEmu
     with capture_logs() as logs:
         headers, _ = await stream(url, UNSURE)
     assert headers["x-gateway-tier"] == "small" and request_line(logs)["escalation"] is None
+
+
+async def test_the_least_token_measure_decides_where_the_mean_would_not(start_emulator: StartEmulator,
+                                                                       start_app: StartApp) -> None:
+    # SURE: geometric mean ~0.93, least likely token ~0.87: 0.9 escalates it only by its least likely token
+    url = await gateway(start_emulator, start_app, {"min_confidence": 0.9, "measure": "least_token"})
+    _, headers, _ = await ask(url, SURE)
+    assert headers["x-gateway-escalated-from"] == "small"
+    url = await gateway(start_emulator, start_app, {"min_confidence": 0.9})
+    _, headers, _ = await ask(url, SURE)
+    assert "x-gateway-escalated-from" not in headers

@@ -197,3 +197,12 @@ def test_the_hold_scanner_reads_each_tokens_logprob_and_strips_it_unless_asked(s
     assert [e["choices"][0]["delta"]["content"] for e in events] == ["a", "b", "c"]
     assert all((e["choices"][0]["logprobs"] is None) == strip for e in events)
     assert scanner.tally.content_chunks == 3
+
+
+def test_the_least_likely_token_measure() -> None:
+    assert confidence(lp(0.9, 0.1, 0.9), "least_token") == pytest.approx(0.1)
+    assert confidence(lp(0.9, 0.1, 0.9)) == pytest.approx((0.9 * 0.1 * 0.9) ** (1 / 3))
+    assert confidence([-math.inf], "least_token") == 0.0 and confidence([], "least_token") is None
+    assert Escalate(min_confidence=0.5).measure == "geometric_mean"
+    with pytest.raises(ValidationError):
+        Escalate(min_confidence=0.5, measure="arithmetic")  # type: ignore[arg-type]
