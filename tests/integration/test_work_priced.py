@@ -59,9 +59,11 @@ def booked(redis_url: str) -> int:
     return int(data or 0)
 
 
-async def wait_booked(redis_url: str, at_least: int) -> int:
-    for _ in range(100):  # booked in the background after the line
-        if (value := booked(redis_url)) >= at_least:
+async def wait_booked(redis_url: str, expected: int) -> int:
+    """The window once it holds `expected` (booked in the background after the line: the charge on admission is
+    there first, then the booking corrects it), or what it holds after 2 s."""
+    for _ in range(100):
+        if (value := booked(redis_url)) == expected:
             return value
         await asyncio.sleep(0.02)
     return booked(redis_url)
