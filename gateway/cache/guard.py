@@ -250,7 +250,7 @@ class RedisGuard:
             self._down.add(name)
             self._up_gauge.set(0)
             self._node_up.labels(name).set(0)
-        self._warn("redis_unavailable", op, err, name)
+        self._warn("redis_unavailable", op, err, state.master or name)  # Sentinel: the master that failed
 
     def _mark_up(self, name: str) -> None:
         state = self._state(name)
