@@ -39,7 +39,8 @@ async def test_the_client_reconnects_by_itself_after_a_restart(server: EmbeddedR
 
 async def test_guard_fails_fast_skips_while_down_and_recovers(server: EmbeddedRedis, client: RedisClient) -> None:
     registry = CollectorRegistry()
-    guard = RedisGuard(client, op_timeout_s=0.05, down_backoff_s=0.2, registry=registry, down_after_s=0.0)
+    # a backoff long enough that restarting the server on a loaded machine stays inside it
+    guard = RedisGuard(client, op_timeout_s=0.05, down_backoff_s=2.0, registry=registry, down_after_s=0.0)
     calls = 0
 
     def ping() -> Awaitable[bool]:
@@ -58,14 +59,14 @@ async def test_guard_fails_fast_skips_while_down_and_recovers(server: EmbeddedRe
     assert calls == 2 and time.perf_counter() - start < 1.0  # no connect attempt while backing off (counted)
     server.restart()
     assert await guard.run("ping", ping) is None  # still inside the backoff window
-    time.sleep(0.2)
+    time.sleep(2.0)
     assert await guard.run("ping", ping) is True and guard.up
     assert registry.get_sample_value("gateway_redis_up") == 1
     assert registry.get_sample_value("gateway_redis_errors_total", {"op": "ping"}) == 1
 
 
 async def test_a_frozen_server_costs_three_timeouts_then_is_skipped(server: EmbeddedRedis, client: RedisClient) -> None:
-    guard = RedisGuard(client, op_timeout_s=0.02, down_backoff_s=0.2, down_after_s=0.0)
+    guard = RedisGuard(client, op_timeout_s=0.2, down_backoff_s=0.2, down_after_s=0.0)
     assert await guard.run("ping", client.ping) is True
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)  # accepts nothing, answers nothing: like a black hole
@@ -73,7 +74,7 @@ async def test_a_frozen_server_costs_three_timeouts_then_is_skipped(server: Embe
         start = time.perf_counter()
         for _ in range(3):
             assert await guard.run("ping", client.ping) is None
-        assert not guard.up and 0.06 <= time.perf_counter() - start < 2.0  # three timeouts, then no more waits
+        assert not guard.up and 0.6 <= time.perf_counter() - start < 3.0  # three timeouts, then no more waits
         tried = []
 
         def ping() -> Awaitable[bool]:
