@@ -69,3 +69,36 @@ def test_cached_prompt_tokens_reach_the_price() -> None:
     cost, _, baseline = _prices(c, DAY)
     assert cost == pytest.approx((600 + 500) / 1e6)
     assert baseline == pytest.approx(0.0105)  # big has no cached rate: its input rate
+
+
+def test_the_prices_of_the_day_served() -> None:
+    from gateway.config.routes import Prices
+
+    def dated(t: object, later: float) -> object:
+        first = t.prices  # type: ignore[attr-defined]
+        change = Prices(effective_from=date(2026, 6, 1), input_per_mtok=first.input_per_mtok * later,
+                        output_per_mtok=first.output_per_mtok * later)
+        return t.model_copy(update={"prices": (first, change)})  # type: ignore[attr-defined]
+
+    small, big = dated(SMALL, 2.0), dated(BIG, 10.0)
+    config = gateway_config([small, big])  # type: ignore[list-item]
+    c = ctx()
+    c.config, c.tier = config, small  # type: ignore[assignment]
+    assert _prices(c, date(2026, 5, 31)) == pytest.approx((0.0005, 0.0, 0.0105))
+    assert _prices(c, date(2026, 6, 1)) == pytest.approx((0.001, 0.0, 0.105))  # both tiers at the day's prices
+
+
+def test_an_escalated_answer_also_pays_for_its_first_part() -> None:
+    from gateway.routing.escalate import Escalation
+
+    c = ctx("big")
+    c.escalation = Escalation(rule=None, confidence=0.2, from_tier=SMALL, from_replica="small-0",  # type: ignore[arg-type]
+                              prompt_tokens=100, completion_tokens=50, cached_tokens=0, first_ms=10.0)
+    first_small = (100 * 0.2 + 50 * 0.6) / 1e6  # the first part on its own tier
+    first_big = (100 * 3.0 + 50 * 15.0) / 1e6  # and on the baseline's prices
+    assert _prices(c, DAY) == pytest.approx((0.0105 + first_small, 0.0, 0.0105 + first_big))
+    kept = ctx("big")
+    kept.escalation = Escalation(rule=None, confidence=0.9, from_tier=SMALL, from_replica="small-0",  # type: ignore[arg-type]
+                                 prompt_tokens=100, completion_tokens=50, cached_tokens=0, first_ms=10.0,
+                                 outcome="kept")
+    assert _prices(kept, DAY) == pytest.approx((0.0105, 0.0, 0.0105))
