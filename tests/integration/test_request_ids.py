@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.app import create_app
-from gateway.cache.guard import RedisGuard
+from gateway.cache.guard import Keys, RedisGuard
 from gateway.experiments.feedback import RequestOwner, RequestOwners, submit_feedback
 from gateway.errors import NotFound
 from gateway.request_ids import next_request_id
@@ -57,9 +57,10 @@ class CountingGuard(RedisGuard):
         super().__init__(client, op_timeout_s=1.0)
         self.ops: Counter[str] = Counter()
 
-    async def run(self, op: str, call: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T | None:
+    async def run(self, op: str, call: Callable[[], Awaitable[T]], timeout_s: float | None = None, *,
+                  key: Keys = None) -> T | None:
         self.ops[op] += 1
-        return await super().run(op, call, timeout_s)
+        return await super().run(op, call, timeout_s, key=key)
 
 
 @pytest.fixture
