@@ -45,7 +45,7 @@ from gateway.config.loader import load_routes
 from gateway.local import models
 from gateway.local.children import Child, llama_server_command, start_children, stop_children, wait_healthy
 from gateway.config.routes import LlamaCppLaunch
-from gateway.testing import wait_ready
+from gateway.bench.ready import gateway_ready
 
 OLD_LAUNCHER = "eb437bc"  # the last commit serving the local tiers with llama-cpp-python's server
 TOPICS = ("lighthouses", "tides", "glaciers", "volcanoes", "deserts", "rivers", "forests", "comets", "bridges",
@@ -146,20 +146,6 @@ def start_stack(kind: str, routes_path: Path, logs: Path) -> list[Child]:
                                            start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
             children.append(Child(replica.name, process, f"{replica.url}/models"))
     return children
-
-
-async def gateway_ready(url: str, timeout_s: float = 120.0) -> None:
-    """/readyz answers 200 and says every backend is ready (its first health probe may precede a server's start:
-    that replica is out of the ranking until the next probe)."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        await wait_ready(session, url, timeout_s=timeout_s, every_s=0.5)
-        while time.monotonic() < deadline:
-            async with session.get(f"{url}/readyz") as response:
-                if (await response.json()).get("backends") == "ready":
-                    return
-            await asyncio.sleep(0.5)
-    raise AssertionError(f"{url}: not every backend ready within {timeout_s:g} s")
 
 
 def run_stack(kind: str, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:

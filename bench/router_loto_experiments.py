@@ -48,7 +48,7 @@ import numpy.typing as npt
 from gateway.classifier.head import HeadSession, log_chars
 from gateway.classifier.quality_head import rubric_gate
 from gateway.tokens import default_tokenizer_path
-from gateway.training.fit import _one_blas_thread, newton_logistic, standardization
+from gateway.training.fit import one_blas_thread, newton_logistic, standardization
 from gateway.training.outcomes import read_outcomes
 from gateway.training.route_metrics import apgr
 from gateway.training.router_data import DIFFICULTY_DIR, OutcomeSet, load_outcome_set
@@ -288,7 +288,7 @@ def _ranking_fit(x: F64, y: F64, groups: npt.NDArray[np.str_], l2: float, per_gr
     # the sign is folded into z: every label is 1; add the mirrored pairs (label 0) so the loss has no bias
     design = np.vstack([z, -z])
     target = np.concatenate([np.ones(len(z)), np.zeros(len(z))])
-    with _one_blas_thread():
+    with one_blas_thread():
         theta, _ = newton_logistic(design, target, np.zeros(x.shape[1]), np.full(x.shape[1], l2), 50)
     return theta
 

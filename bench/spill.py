@@ -35,14 +35,12 @@ import yaml
 
 from gateway.bench.client import RequestResult, send
 from gateway.bench.procs import free_port
+from gateway.bench.ready import gateway_ready
 from gateway.bench.report import ROOT
 from gateway.bench.summary import percentile
 from gateway.bench.workload import RequestSpec, sharegpt_requests
 from gateway.config.loader import load_routes
 from gateway.local.children import start_children, stop_children, wait_healthy
-
-sys.path.insert(0, str(ROOT))
-from bench.local_concurrency import gateway_ready  # noqa: E402
 
 STACKS = {"local": ("routes/local.yaml", "policies/local.yaml"),
           "emulator": ("routes/emulator.yaml", "policies/emulator.yaml")}
