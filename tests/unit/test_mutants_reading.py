@@ -37,7 +37,7 @@ def test_a_named_user_turn_has_no_semantic_text() -> None:
 
 
 def test_content_parts_by_type() -> None:
-    r = read("chat", chat({"role": "user", "content": [
+    r = read("chat", chat({"role": "system", "content": "s"}, {"role": "user", "content": [
         {"type": "text", "text": "a"},
         {"type": "input_text", "text": "b"},
         {"text": "c"},
@@ -50,14 +50,14 @@ def test_content_parts_by_type() -> None:
         {"type": "mystery", "b": 1, "a": 2},
         {"type": "image_url", "image_url": {"detail": "low"}},
     ]}))
-    assert r.parts == (
-        Part("text", "user", "a", 0), Part("text", "user", "b", 0), Part("text", "user", "c", 0),
-        Part("media", "user", "low\x00data:x", 0), Part("media", "user", "https://img", 0),
-        Part("media", "user", '{"image_url":"https://img2","type":"input_image"}', 0),  # not under its type: whole
-        Part("media", "user", "AAAA", 0), Part("media", "user", "ZZ", 0),
-        Part("text", "user", "no", 0),
-        Part("media", "user", '{"a":2,"b":1,"type":"mystery"}', 0),  # unknown: whole, keys sorted
-        Part("media", "user", '{"image_url":{"detail":"low"},"type":"image_url"}', 0),  # no reference: whole
+    assert r.parts[1:] == (  # the second message: turn 1
+        Part("text", "user", "a", 1), Part("text", "user", "b", 1), Part("text", "user", "c", 1),
+        Part("media", "user", "low\x00data:x", 1), Part("media", "user", "https://img", 1),
+        Part("media", "user", '{"image_url":"https://img2","type":"input_image"}', 1),  # not under its type: whole
+        Part("media", "user", "AAAA", 1), Part("media", "user", "ZZ", 1),
+        Part("text", "user", "no", 1),
+        Part("media", "user", '{"a":2,"b":1,"type":"mystery"}', 1),  # unknown: whole, keys sorted
+        Part("media", "user", '{"image_url":{"detail":"low"},"type":"image_url"}', 1),  # no reference: whole
     )
     assert r.media_parts == 7
     assert r.semantic_text is None  # several parts: no plain user turn
@@ -131,3 +131,48 @@ def test_keys_do_not_depend_on_the_order_fields_are_written_in() -> None:
     for r in (one, two):
         r.limit(32, r.stop)
     assert one.key() == two.key() and one.context_key() == two.context_key()
+
+
+def test_a_part_is_text_by_its_type_not_by_a_stray_text_field() -> None:
+    r = read("chat", chat({"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "u"}, "text": "caption"},
+        {"type": ["odd"], "text": 1},  # a type that is no string: the part, whole
+    ]}))
+    assert r.parts == (Part("media", "user", "u", 0), Part("media", "user", '{"text":1,"type":["odd"]}', 0))
+
+
+def test_the_reading_keeps_its_endpoint_and_not_n_or_best_of_as_params() -> None:
+    c = read("chat", chat({"role": "user", "content": "x"}, n=2, best_of=3, temperature=0))
+    p = read("completions", {"prompt": "x", "n": 2, "best_of": 3, "temperature": 0})
+    assert (c.endpoint, p.endpoint) == ("chat", "completions")
+    assert c.params == p.params == {"temperature": 0}
+    assert read("chat", {"model": "auto", "messages": []}).parts == ()
+
+
+def test_before_the_policy_sets_a_ceiling() -> None:
+    r = read("chat", chat({"role": "user", "content": "hello"}))
+    assert r.ceiling is None and r.output_tokens_max() == 0 and r.charge() == r.input_tokens == 2
+    assert len(r.key()) == 64 and len(r.context_key()) == 64
+
+
+def test_replayable_is_one_answer_without_tools_or_log_probabilities() -> None:
+    assert read("chat", chat({"role": "user", "content": "x"})).replayable()
+    assert not read("chat", chat({"role": "user", "content": "x"}, n=2)).replayable()
+    assert not read("chat", chat({"role": "user", "content": "x"}, logprobs=True)).replayable()
+    assert not read("chat", chat({"role": "user", "content": "x"}, echo=True)).replayable()
+    assert not read("chat", chat({"role": "user", "content": "x"}, tools=[{"type": "function"}])).replayable()
+
+
+def test_the_context_key_leaves_out_only_the_semantic_text() -> None:
+    def context(*messages: dict[str, Any]) -> str:
+        r = read("chat", chat(*messages))
+        r.limit(32, r.stop)
+        return r.context_key()
+
+    user, sys_a, sys_b = {"role": "user", "content": "q"}, {"role": "system", "content": "a"}, \
+        {"role": "system", "content": "b"}
+    # a semantic text: the parts before it all count (not just the first)
+    assert context({"role": "system", "content": "s"}, sys_a, user) != context({"role": "system", "content": "s"},
+                                                                                 sys_b, user)
+    # no semantic text (the last turn is the assistant's): the last part counts too
+    assert context(user, {"role": "assistant", "content": "1"}) != context(user, {"role": "assistant", "content": "2"})
