@@ -5,6 +5,7 @@ the gateway asked for unless the client asked."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import MutableMapping, Sequence
@@ -228,3 +229,27 @@ async def test_the_least_token_measure_decides_where_the_mean_would_not(start_em
     url = await gateway(start_emulator, start_app, {"min_confidence": 0.9})
     _, headers, _ = await ask(url, SURE)
     assert "x-gateway-escalated-from" not in headers
+
+
+async def test_a_client_gone_during_the_hold_leaves_nothing_held(start_emulator: StartEmulator,
+                                                                 start_app: StartApp) -> None:
+    small, large = await start_emulator("fp16", seed=1), await start_emulator("instant", seed=2)  # ~30 ms a token
+    app = create_app(config(small.url, large.url, {"min_confidence": MIN_CONFIDENCE, "hold_tokens": 16}))
+    APPS[:] = [app]
+    url = await start_app(app)
+    body = {"model": "auto", "messages": [{"role": "user", "content": SURE}], "max_tokens": 32, "stream": True}
+    with capture_logs() as logs:
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.25):  # inside the hold: no byte sent yet
+                    async with session.post(f"{url}/v1/chat/completions", json=body,
+                                            headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as response:
+                        await response.read()
+        for _ in range(50):
+            if any(entry.get("event") == "request" for entry in logs):
+                break
+            await asyncio.sleep(0.05)
+    line = request_line(logs)
+    assert line["outcome"] == "client_disconnected" and line["tier"] == "small"
+    assert line["completion_tokens"] > 0 and line["cost_usd"] > 0  # what it generated in the hold, priced
+    nothing_held()
