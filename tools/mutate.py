@@ -94,7 +94,7 @@ TARGETS: tuple[Target, ...] = (
     Target("resume", ("gateway/upstream/continuation.py", "gateway/upstream/resume.py"),
            (U + "test_resume_pieces.py", I + "test_resume.py")),
     Target("output-caps", ("gateway/sse.py",),
-           (U + "test_sse.py", U + "test_sse_fuzz.py", I + "test_output_cap.py")),
+           (U + "test_sse.py", U + "test_sse_fuzz.py", I + "test_output_cap.py", I + "test_output_cap_choices.py")),
     Target("request-log-status", ("gateway/http.py",),
            (I + "test_http_errors.py", I + "test_client_limits.py", I + "test_stream_endings.py"),
            only=("gateway.http.x_serve__mutmut_*", "gateway.http.x__stream__mutmut_*",
