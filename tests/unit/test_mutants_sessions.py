@@ -81,3 +81,68 @@ def test_no_messages_no_turns() -> None:
     keys = conversation_keys("acme", read("chat", {"model": "auto", "messages": []}))
     assert (keys.lookup, keys.next_turn) == (None, 0)
     assert keys.answered("x") == conversation("acme", (0, "assistant", "x")).hexdigest()
+
+
+# --- the store: the tier a session holds, in process and in Redis ---
+
+import time  # noqa: E402
+
+from redis.asyncio import Redis  # noqa: E402
+
+from gateway.cache.connection import connect  # noqa: E402
+from gateway.cache.guard import RedisGuard  # noqa: E402
+from gateway.routing.sessions import Held, LocalSessions, SessionStore, _parse  # noqa: E402
+
+
+def test_a_conversation_of_one_reply_looks_itself_up() -> None:
+    keys = conversation_keys("acme", read("chat", chat(("assistant", "welcome"))))
+    assert keys.lookup == keys.current()
+
+
+def test_held_here_only_moves_up_and_expires() -> None:
+    store = SessionStore(None)
+    store.hold_here("k", Held(2, "medium"), 60)
+    now = time.monotonic()
+    assert store.local.get("k", now) == Held(2, "medium")
+    store.hold_here("k", Held(1, "small"), 60)
+    assert store.local.get("k", now) == Held(2, "medium")  # never down
+    store.hold_here("k", Held(3, "large"), 60)
+    assert store.local.get("k", now) == Held(3, "large")
+    assert store.local.get("k", now + 61) is None  # its TTL
+    assert store.local.get("other", now) is None
+
+
+def test_local_sessions_keep_their_size() -> None:
+    local = LocalSessions(size=2)
+    far = time.monotonic() + 60
+    local.put("a", Held(0, "s"), far)
+    local.put("b", Held(0, "s"), far)
+    assert local.get("a", 0.0) == Held(0, "s")  # two of two: both kept
+    local.put("c", Held(0, "s"), far)
+    assert local.get("b", 0.0) is None or local.get("a", 0.0) is None
+    assert local.get("c", 0.0) == Held(0, "s")
+
+
+def test_parse_reads_rank_and_tier() -> None:
+    assert _parse(b"2|medium") == Held(2, "medium")
+    assert _parse("-1|t") == Held(-1, "t")
+    assert _parse(b"x|t") is None and _parse(b"nobar") is None and _parse(None) is None and _parse(5) is None
+
+
+async def test_hold_in_redis_and_peek(redis_url: str) -> None:
+    guard = RedisGuard(connect(redis_url), op_timeout_s=1.0)
+    store = SessionStore(guard)
+    assert await store.hold("k", Held(1, "small"), 60) == (Held(1, "small"), None)  # new
+    assert await store.hold("k", Held(0, "tiny"), 60) == (Held(1, "small"), Held(1, "small"))  # never down
+    other = SessionStore(guard)  # another replica: Redis tells it
+    assert await other.peek("k") == Held(1, "small")
+    assert await other.hold("k", Held(2, "medium"), 60) == (Held(2, "medium"), Held(1, "small"))
+    assert await store.peek("k") == Held(2, "medium")
+    count = guard.registry.get_sample_value
+    assert count("gateway_redis_op_seconds_count", {"op": "session_hold"}) == 3
+    assert count("gateway_redis_op_seconds_count", {"op": "session_peek"}) == 2
+    redis = Redis.from_url(redis_url)
+    await redis.flushall()  # Redis forgets; this replica still knows what it held itself (peek records nothing)
+    assert await store.hold("k", Held(0, "tiny"), 60) == (Held(1, "small"), Held(1, "small"))
+    assert await SessionStore(None).peek("k") is None
+    await redis.aclose()
