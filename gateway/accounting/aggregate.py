@@ -23,12 +23,13 @@ class GroupStats:
     __slots__ = (
         "requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits", "unpriced_baseline",
         "cost", "avoided", "baseline", "saved", "routing_savings", "cost_q", "ttft_q", "e2e_q", "shadow_calls",
-        "shadow_cost",
+        "shadow_cost", "other_requests",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.requests = self.errors = self.prompt_tokens = self.completion_tokens = 0
         self.cache_hits = self.unpriced_baseline = self.shadow_calls = 0
+        self.other_requests = 0  # edge lines: other endpoints than inference (dashboard, admin, ...), cost 0
         self.cost = self.avoided = self.baseline = self.saved = self.routing_savings = Decimal(0)
         self.shadow_cost = Decimal(0)  # shadow comparisons' reference and judge calls: the gateway's spend
         self.cost_q, self.ttft_q, self.e2e_q = QuantileSketch(), QuantileSketch(), QuantileSketch()
@@ -47,6 +48,10 @@ class GroupStats:
         if r.shadow_only:  # a shadow call: the gateway's spend, no request of the tenant's
             self.shadow_calls += 1
             self.shadow_cost += r.shadow
+            return
+        if r.edge:  # another endpoint (dashboard, admin, static, count_tokens, ...): no backend ran, counted apart
+            self.other_requests += 1
+            self.cost += r.cost  # 0 as logged; added all the same, so spend never drops a logged dollar
             return
         self.requests += 1
         self.prompt_tokens += r.prompt_tokens
@@ -72,7 +77,7 @@ class GroupStats:
 
     def merge(self, other: GroupStats) -> None:
         for name in ("requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits", "unpriced_baseline",
-                     "shadow_calls"):
+                     "shadow_calls", "other_requests"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("cost", "avoided", "baseline", "saved", "routing_savings", "shadow_cost"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

@@ -33,7 +33,8 @@ class ReadStats:
 
     files: int = 0
     lines: int = 0
-    records: int = 0  # request lines kept (inside the date range)
+    records: int = 0  # inference request lines kept (inside the date range)
+    edge_lines: int = 0  # other endpoints' lines kept (dashboard, admin, static, ...: `edge` records, cost 0)
     shadow_lines: int = 0  # shadow comparison lines kept (their spend: `shadow_only` records)
     out_of_range: int = 0
     first_day: date | None = None  # of the records kept
@@ -85,6 +86,8 @@ def read_records(
                     continue
                 if records[0].shadow_only:
                     stats.shadow_lines += 1
+                elif records[0].edge:
+                    stats.edge_lines += 1
                 else:
                     stats.records += 1
                 if stats.first_day is None or day < stats.first_day:

@@ -5,6 +5,10 @@ the gateway's own, billed to no tenant: it becomes `shadow_only` records carryin
 the reference tier (`to_tier`: `shadow_cost_usd` less `judge_cost_usd`) and, when a judge graded the pair, one
 for the judge tier (`judge_cost_usd`), under the tenant whose request was compared.
 
+A request line of another endpoint than inference (dashboard polls, static files, admin, count_tokens, unknown
+paths, parser refusals: gateway.accounted's edge lines, cost 0) becomes an `edge` record: the report counts it
+apart (`other`), never as a request (`inference_line`).
+
 Money is read from the line's own text. orjson parses the structure (and catches broken JSON);
 for each money field the numeric token is then located in the raw bytes and handed to
 `Decimal` as written, so totals are the exact decimal sum of what the gateway logged, not of
@@ -26,6 +30,12 @@ from typing import Any
 import orjson
 
 HIT_STATES = frozenset({"hit", "semantic_hit"})
+# The request path's endpoints (gateway.http): a line of one of these paths, or with no `path` key at all (written
+# before issue 37 added it, when only these endpoints logged), is an inference request. Any other line (`path` of
+# the dashboard, admin, count_tokens, feedback, models, static files, an unknown path; null: a request aiohttp's
+# parser refused) is an edge line (gateway.accounted): cost 0, counted apart from the requests.
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                             "/v1/embeddings"})
 _ZERO = Decimal(0)
 _MISSING: Any = object()
 _NUMBERS = (int, float)
@@ -68,6 +78,7 @@ class Record:
     session: str | None = None  # the conversation's session id (a sticky-tier session), when it had one
     shadow: Decimal = _ZERO  # a shadow comparison's spend on this tier (shadow_only records)
     shadow_only: bool = False  # from a `shadow` line: no request of the tenant's, only the gateway's spend
+    edge: bool = False  # a line of another endpoint than inference (`inference_line`): counted apart
 
     @property
     def served(self) -> bool:
@@ -109,6 +120,13 @@ def parse_line(line: bytes) -> Record | tuple[Record, ...] | Skip:
         return _record(obj, line)
     except Malformed as exc:
         return exc.reason
+
+
+def inference_line(obj: dict[str, Any]) -> bool:
+    """Whether a request line is an inference request's: its `path` is one of INFERENCE_PATHS, or it has none
+    (a line from before the field); False for an edge line (another endpoint, or `path: null`)."""
+    path = obj.get("path", _MISSING)
+    return path is _MISSING or (type(path) is str and path in INFERENCE_PATHS)
 
 
 def console_text(line: bytes) -> bool:
@@ -181,7 +199,7 @@ def _record(obj: dict[str, Any], line: bytes) -> Record:
     return Record(
         _day(ts), tenant, tier, status, prompt, completion, ttft, e2e, cache in HIT_STATES,
         cost, _money(obj, line, "avoided_cost_usd") or _ZERO, baseline, saved, priced,
-        session if type(session := get("session")) is str else None,
+        session if type(session := get("session")) is str else None, edge=not inference_line(obj),
     )  # fmt: skip
 
 

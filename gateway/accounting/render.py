@@ -54,6 +54,9 @@ COLUMNS = (
     Column("", "unpriced_baseline", lambda g: g.unpriced_baseline, table=False),
     Column("", "shadow_calls", lambda g: g.shadow_calls, table=False),
     Column("", "spend_usd", lambda g: g.spend, table=False),
+    # edge lines (dashboard, admin, static, count_tokens, unknown paths): not in `requests`; last, so the CSV's
+    # earlier columns keep their places
+    Column("other endpoints", "other_endpoint_requests", lambda g: g.other_requests),
 )
 
 

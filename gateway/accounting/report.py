@@ -11,6 +11,12 @@ served the call (the reference tier, and the judge tier for its grading), kept o
 tenant's requests cost) and out of `requests`; the CSV adds `shadow_calls` and `spend_usd` (cost + shadow),
 the chart draws spend, and the summary's first line gives the total spend with its two parts.
 
+`requests`, `errors`, tokens and the per-request figures ($/req and latency percentiles) cover the inference
+endpoints only (/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/embeddings, and lines
+from before the `path` field). Lines of the other endpoints (dashboard polls, static files, admin,
+count_tokens, unknown paths, parser refusals: gateway.accounted, cost 0) are counted apart: the `other
+endpoints` column (`other_endpoint_requests` in the CSV) and a summary line. docs/FINANCE.md says the same.
+
 Also runnable as `python -m gateway.accounting.report LOGS...`. Exit status: 0 done, 1 the CSV or
 chart could not be written, 2 bad arguments or unreadable log files.
 """
@@ -98,7 +104,7 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
     aggregate(read_records(args.logs, stats, args.day_from, args.day_to), grouped, daily)
     rows, total = grouped.rows(), grouped.total()
     span = (f"UTC days {stats.first_day} .. {stats.last_day}" if stats.records or stats.shadow_lines
-            else "no request lines")
+            or stats.edge_lines else "no request lines")
     asked = f" (asked: {args.day_from or '...'} .. {args.day_to or '...'})" if args.day_from or args.day_to else ""
     print(f"Costs by {', '.join(args.by)}: {span}{asked}, {stats.files} file(s)\n", file=out)
     print(table(args.by, rows, total), file=out)
@@ -131,6 +137,8 @@ def summary(stats: ReadStats, unpriced: int, total: GroupStats | None = None) ->
         f"Lines read: {stats.lines:,} in {stats.files} file(s); request lines counted: {stats.records:,}; "
         f"outside the date range: {stats.out_of_range:,}; other events: {s[Skip.OTHER_EVENT]:,}; "
         f"blank: {s[Skip.BLANK]:,}",
+        f"Other endpoints' lines (dashboard, admin, static files, count_tokens, unknown paths, parser refusals: "
+        f"no backend ran, cost 0), counted apart from requests: {stats.edge_lines:,}",
         f"Malformed lines skipped: {stats.malformed:,} (not JSON: {s[Skip.NOT_JSON]:,}, "
         f"missing field: {s[Skip.MISSING_FIELD]:,}, wrong type: {s[Skip.WRONG_TYPE]:,})",
         f"Unpriced baseline (no baseline_cost_usd / saved_usd, routing savings counted as 0): {unpriced:,}",

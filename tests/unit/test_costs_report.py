@@ -94,7 +94,7 @@ def test_csv_header(tmp_path: Path, logs: list[Path]) -> None:
         "day", "requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd",
         "cost_p50_usd", "cost_p95_usd", "cost_p99_usd", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
         "cache_hits", "routing_savings_usd", "cache_savings_usd", "shadow_cost_usd", "baseline_cost_usd", "saved_usd",
-        "unpriced_baseline", "shadow_calls", "spend_usd",
+        "unpriced_baseline", "shadow_calls", "spend_usd", "other_endpoint_requests",
     ]  # fmt: skip
     assert "E" not in "".join(r["cost_usd"] for r in rows)  # plain decimals, never 1E-9
 
