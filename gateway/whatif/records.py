@@ -19,10 +19,9 @@ from typing import Any
 import orjson
 
 from gateway.accounting.reader import ReadStats, read_lines
+from gateway.accounting.records import inference_line
 from gateway.types import Endpoint
 
-MODEL_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages",
-                         "/v1/responses", "/chat/completions", "/completions", "/embeddings", None})
 SHED = frozenset({"queue_full", "queue_timeout", "predicted_slo_miss", "no_replica_available", "overloaded"})
 _EPOCH_DAYS: dict[int, date] = {}
 
@@ -137,7 +136,7 @@ def read_logged(paths: Iterable[Path], stats: LogStats) -> Iterator[Logged]:
                 if not isinstance(obj, dict) or obj.get("event") != "request" or "ts" not in obj:
                     stats.skipped += 1
                     continue
-                if obj.get("path") not in MODEL_PATHS:
+                if not inference_line(obj):  # an edge line (dashboard, admin, ...; path null: a parser refusal)
                     stats.other_paths += 1
                     continue
                 record = Logged(obj)
