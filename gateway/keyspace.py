@@ -23,6 +23,7 @@ tenants share").
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -31,7 +32,7 @@ from gateway.cache.keys import SHARED_SCOPE, scope_of
 from gateway.config.tenants import ANONYMOUS, TenantPolicy
 
 Scope = Literal["tenant", "request", "gateway"]
-Where = Literal["redis", "process"]
+Where = Literal["redis", "process", "backend"]  # backend: a cache of the model server's, keyed by what we send
 OFFLINE = "*offline*"  # gateway.classifier.embedder.OFFLINE_SCOPE: benches, training, route tools
 INTERNAL_SCOPES = (ANONYMOUS, SHARED_SCOPE, OFFLINE)  # each refused as a tenant name by the policy loader
 
@@ -39,6 +40,14 @@ INTERNAL_SCOPES = (ANONYMOUS, SHARED_SCOPE, OFFLINE)  # each refused as a tenant
 def tenant_scope(tenant: TenantPolicy) -> str:
     """The scope of a tenant's cached data: its name, or SHARED_SCOPE when its policy shares the cache."""
     return scope_of(tenant.name, tenant.cache)
+
+
+def cache_salt(tenant: TenantPolicy | None) -> str:
+    """vLLM's per-request `cache_salt` for a tenant (replicas with `prefix_cache_salt`): a digest of its scope
+    (requests without a tenant: the anonymous scope), so the backend's prefix cache reuses a prefix only within
+    one scope. Set by the gateway over any the client sent: a tenant cannot name another scope's salt."""
+    scope = tenant_scope(tenant) if tenant is not None else ANONYMOUS
+    return hashlib.sha256(f"gateway-cache-salt:{len(scope)}:{scope}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 KeyOf = Callable[[TenantPolicy], list[str]]  # the keys (or in-process cache keys) a tenant's sample request uses
@@ -101,6 +110,10 @@ def _prefix(tenant: TenantPolicy) -> list[str]:
     return prefix_keys(tenant_scope(tenant), "tier", SAMPLE_TEXT)
 
 
+def _backend_salt(tenant: TenantPolicy) -> list[str]:
+    return [cache_salt(tenant)]
+
+
 def _limits(tenant: TenantPolicy) -> list[str]:
     from gateway.limits.limiter import local_key, rate_key, spend_key
 
@@ -143,6 +156,10 @@ FAMILIES: tuple[Family, ...] = (
            shareable=True, keys_of=_vectors),
     Family("prefix affinity", "redis", "pfx:{<tier>}:<hash chain seeded by sha256(scope)>", "tenant",
            "which replica last served a prompt prefix", shareable=True, keys_of=_prefix),
+    Family("backend prefix cache", "backend", "vLLM's prefix cache: blocks keyed by the prompt and cache_salt = "
+           "sha256(scope) (replicas with prefix_cache_salt; without it the backend shares prefixes between all)",
+           "tenant", "KV blocks of prompt prefixes (a reused prefix answers faster)", shareable=True,
+           keys_of=_backend_salt),
     Family("rate limits and budgets", "redis", "rl:{<tenant>}:<kind>:<window>, rl:{<tenant>}:usd:<day>; "
            "in process <tenant>:<kind>", "tenant", "request, token and spend counters", keys_of=_limits),
     Family("sessions", "redis", "sess:<blake2b(tenant, conversation)>; in process the same id", "tenant",

@@ -166,6 +166,12 @@ class Replica(Frozen):
         default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="environment variable with this backend's API key, read at load time, sent as Bearer",
     )
+    prefix_cache_salt: bool = Field(
+        default=False, description="send vLLM's per-request `cache_salt` (vLLM >= 0.9, V1 engine): a digest of "
+        "the tenant's cache scope, so the backend's prefix cache reuses a prompt prefix only within one tenant (or "
+        "the tenants whose policies share the cache). Off by default: servers that validate their fields (OpenAI's "
+        "API, vLLM's V0 engine) refuse it; llama.cpp's llama-server accepts and ignores it (no isolation there). "
+        "The tier's prefix_cache_salt is the default")
 
     @field_validator("name")
     @classmethod
@@ -244,6 +250,19 @@ class Tier(Frozen):
     native: tuple[Literal["responses"], ...] = Field(
         default=(), description="APIs the replicas serve themselves (vLLM: responses), sent upstream as they came; "
         "the others are translated to chat completions")
+    prefix_cache_salt: bool = Field(
+        default=False, description="the default of the replicas' prefix_cache_salt (vLLM's cache_salt, a digest "
+        "of the tenant's cache scope: the backend's prefix cache kept per tenant); a replica's own setting wins")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _salt_replicas(cls, data: Any) -> Any:
+        """The tier's prefix_cache_salt is its replicas' default."""
+        if isinstance(data, dict) and data.get("prefix_cache_salt") is True and isinstance(data.get("replicas"),
+                                                                                           (list, tuple)):
+            replicas = [{"prefix_cache_salt": True, **r} if isinstance(r, dict) else r for r in data["replicas"]]
+            return {**data, "replicas": replicas}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -270,6 +289,8 @@ class Tier(Frozen):
             raise ValueError("an embedding tier with replicas needs dimensions: the length of its model's vectors")
         if self.native:
             raise ValueError("native is for chat tiers: an embedding tier serves /v1/embeddings only")
+        if self.prefix_cache_salt or any(r.prefix_cache_salt for r in self.replicas):
+            raise ValueError("prefix_cache_salt is for chat tiers (vLLM's prefix cache): an embedding tier has none")
         return self
 
     @field_validator("prices")

@@ -77,11 +77,13 @@ class Engine:
         self, prompt: Seq[str | int], prompt_hash: int, max_tokens: int | None, *,
         ignore_eos: bool = False, min_tokens: int = 0, request_seed: int | None = None,
         prefill: str | None = None, base_tokens: int = 0, index: int = 0, share: PromptShare | None = None,
+        cache_salt: str | None = None,
     ) -> Sequence:
         """Validate a request and fix its output; raises RequestError. `prefill` continues an answer: the
         request's prompt is a prompt of `base_tokens` tokens (hashed as `prompt_hash`) plus this start of the
         answer, and the output is what follows it (`_continued`). `index` is the sequence's number among its
-        prompt's (n > 1): each gets its own answer, index 0 the one n = 1 gets."""
+        prompt's (n > 1): each gets its own answer, index 0 the one n = 1 gets. `cache_salt` keys the prefix
+        cache (vLLM's): the prompt's blocks are reused only by requests of the same salt; the answer is the same."""
         p = self.profile
         n_prompt = len(prompt)
         limit = p.max_model_len
@@ -104,8 +106,8 @@ class Engine:
         else:
             output = self._continued(prefill, prompt_hash, base_tokens, given, max_tokens, ignore_eos, min_tokens,
                                      request_seed)
-        seq = Sequence(self._next_id, n_prompt, tokens.block_hashes(prompt, p.block_size), output, max_tokens,
-                       index, prompt_hash, share)
+        hashes = tokens.block_hashes(prompt, p.block_size, cache_salt)
+        seq = Sequence(self._next_id, n_prompt, hashes, output, max_tokens, index, prompt_hash, share)
         self._next_id += 1
         return seq
 
@@ -119,7 +121,8 @@ class Engine:
             for j in range(per):
                 seqs.append(self.create(prompt.tokens, prompt.hash, req.max_tokens, ignore_eos=req.ignore_eos,
                                         min_tokens=req.min_tokens, request_seed=req.seed, prefill=req.prefill,
-                                        base_tokens=req.base_tokens, index=j, share=share))
+                                        base_tokens=req.base_tokens, index=j, share=share,
+                                        cache_salt=req.cache_salt))
         return seqs
 
     def _continued(self, prefill: str, prompt_hash: int, base_tokens: int, given: int | None, max_tokens: int,

@@ -49,7 +49,7 @@ async def _serve(request: web.Request, kind: Kind) -> web.StreamResponse:
         else:
             seq = engine.create(req.prompt, req.prompt_hash, req.max_tokens, ignore_eos=req.ignore_eos,
                                 min_tokens=req.min_tokens, request_seed=req.seed, prefill=req.prefill,
-                                base_tokens=req.base_tokens)
+                                base_tokens=req.base_tokens, cache_salt=req.cache_salt)
             seqs = [seq]
     except (BadRequest, RequestError) as exc:
         engine.stats.rejected += 1

@@ -86,6 +86,7 @@ class GenRequest:
     n: int = 1  # choices returned per prompt
     best_of: int = 1  # sequences generated per prompt (>= n)
     logprobs: int | None = None  # None: no logprobs; else top alternatives per token (0: the chosen token's only)
+    cache_salt: str | None = None  # vLLM >= 0.9: keys the prefix cache (a prefix is reused only under one salt)
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -310,11 +311,14 @@ def parse_body(raw: bytes, kind: Kind) -> GenRequest:
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise BadRequest("seed must be an integer", "seed")
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")  # vLLM's
     return GenRequest(
         kind=kind, model=model, stream=stream,
         include_usage=stream and isinstance(opts, dict) and opts.get("include_usage") is True,
         prompt=prompts[0].tokens, prompt_hash=prompts[0].hash, max_tokens=max_tokens,
         ignore_eos=body.get("ignore_eos") is True, min_tokens=_opt_int(body, "min_tokens", 0) or 0,
         seed=seed, prefill=prefill, base_tokens=base_tokens, prompts=prompts, n=n, best_of=best_of,
-        logprobs=_logprobs(body, kind),
+        logprobs=_logprobs(body, kind), cache_salt=cache_salt,
     )

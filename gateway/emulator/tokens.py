@@ -46,10 +46,11 @@ def stable_hash(data: str | Sequence[int]) -> int:
     return zlib.crc32(raw)
 
 
-def block_hashes(tokens: Sequence[str | int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of `tokens` (vLLM-style prefix-cache keys)."""
+def block_hashes(tokens: Sequence[str | int], block_size: int, cache_salt: str | None = None) -> list[int]:
+    """Chained hashes of the full blocks of `tokens` (vLLM-style prefix-cache keys); a request's `cache_salt`
+    is mixed into the first block's, as vLLM does, so the chain, and every block, is the salt's own."""
     out: list[int] = []
-    h = 0
+    h = 0 if cache_salt is None else hash(("cache_salt", cache_salt))
     for start in range(0, len(tokens) - block_size + 1, block_size):
         h = hash((h, tuple(tokens[start : start + block_size])))
         out.append(h)

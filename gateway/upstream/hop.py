@@ -28,6 +28,7 @@ from gateway.backends.pool import ReplicaPool
 from gateway.backends.relay import SseRelay
 from gateway.config import Replica
 from gateway.context import RequestContext
+from gateway.keyspace import cache_salt
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.anthropic import wants_stop_word
 from gateway.protocols.native import ResponsesScanner, is_native, upstream_body as native_body
@@ -116,4 +117,6 @@ class UpstreamHop:
             body = ask_logprobs(ctx.endpoint, body)
         if wants_stop_word(ctx, replica):  # llama.cpp names the stop sequence that matched only when asked
             body["verbose"] = True
+        if replica.prefix_cache_salt:  # vLLM's prefix cache per tenant scope, over any salt the client sent
+            body["cache_salt"] = cache_salt(ctx.tenant)
         return body
