@@ -34,6 +34,7 @@ from gateway.config import Replica, Tier
 from gateway.config.routes import Upstream
 from gateway.context import RequestContext
 from gateway.errors import UpstreamStatus
+from gateway.keyspace import cache_salt
 from gateway.metrics import GatewayMetrics
 from gateway.metrics.promfast import Counter
 from gateway.sse import SseScanner, StreamTally
@@ -142,9 +143,12 @@ class StreamResumer:
             try:
                 with attempt:  # the same attempt as the first part's: it owns the lease until the relay takes it
                     template = await app.template(replica, ctx.body, ctx.config.routes.upstream) if ctx.endpoint == "chat" else None
-                    body = continuation_body(ctx.endpoint, ctx.body, text, sent, left, template)
+                    body = {**continuation_body(ctx.endpoint, ctx.body, text, sent, left, template),
+                            "model": replica.model}
+                    if replica.prefix_cache_salt:  # the backend's prefix cache per tenant scope (gateway.keyspace)
+                        body["cache_salt"] = cache_salt(ctx.tenant)
                     await attempt.post(app.client, PATHS["completions" if template else ctx.endpoint],
-                                       orjson.dumps({**body, "model": replica.model}))
+                                       orjson.dumps(body))
                     first = await attempt.first_bytes()
             except Retry as err:
                 log.warning("resume_attempt_failed", request_id=ctx.request_id, backend=replica.name,
