@@ -196,3 +196,19 @@ def test_a_shadow_line_with_a_mistyped_field_names_it(key: str) -> None:
     raw = shadow(**{key: 7})
     assert parse_line(raw) is Skip.WRONG_TYPE
     assert explain(raw) == f"wrong type: {key}"
+
+
+@pytest.mark.parametrize(("path", "edge"), [
+    (DROP, False),  # a line from before the field: inference
+    ("/v1/chat/completions", False),
+    ("/v1/completions", False),
+    ("/admin/config", True),  # another endpoint: counted apart
+    (None, True),  # path: null (a parser refusal)
+    (7, True),
+])
+def test_a_line_of_another_endpoint_is_an_edge_record(path: Any, edge: bool) -> None:
+    from gateway.accounting.records import inference_line
+
+    raw = line(path=path)
+    assert record(raw).edge is edge
+    assert inference_line(orjson.loads(raw)) is not edge
