@@ -1,27 +1,40 @@
-"""`gateway whatif` against real runs on the emulator fleet (issue 40): replayed against its own policy, and a
-changed policy predicted then run for real on the same traffic.
+"""`gateway whatif` against real runs on the emulator fleet (issue 40): replayed against its own policy, and
+changed policies predicted then run for real on the same traffic.
 
-    .venv/bin/python bench/whatif_validate.py [--requests 1200] [--rate 12] [--out /tmp/whatif-validate]
+    .venv/bin/python bench/whatif_validate.py [--requests 1200] [--rate 10] [--limit 300] [--out /tmp/whatif-validate]
+    .venv/bin/python bench/whatif_validate.py --stack local --requests 240 --rate 1 --limit 30 --max-out 64 \
+        --out /tmp/whatif-local      # make run's llama.cpp tiers (routes/local.yaml): policies A and B
 
-One process serves the emulator fleet (small 2 x int4, medium 1 x int8, large 1 x fp16 replicas: the emulator's
-A100 physics, running in real time) and the gateway (bands on a difficulty table: each prompt's score is fixed,
-as a classifier's would be), with no Redis (local limits, no response cache). A bounded open-loop load (Poisson
-arrivals at --rate, max_tokens drawn per request) is sent twice with the same prompts at the same offsets:
+Separate processes, as in production: five `gateway emulate` processes (small 2 x int4, medium 1 x int8, large
+1 x fp16, and an int8 replica for the tier scenario C adds: the emulator's A100 physics in real time), one gateway
+process per run (`gateway serve`'s app and request log, with the difficulty scorer a table: each prompt's score is
+fixed, as a classifier's would be; no Redis: local limits, no response cache), and this process as the load
+generator. Each run gets fresh emulators (the same prompts again would find the last run's prefix cache warm, which
+the replay of log A cannot know). With two or more CPUs the gateway gets the last one alone (`taskset`), emulators
+and load generator share the others. Every emulator runs the same seed, so a prompt's answer length is the same on
+every tier (the replay assumes the logged length on another tier; with a seed per replica, lengths differ at random
+between runs).
 
-  run A   policy A (bands 0.5 / 0.8, no rate limit)         -> log A
-  run B   policy B (bands 0.3 / 0.6, 400 requests a minute)  -> log B
+A bounded open-loop load (Poisson arrivals at --rate, 70 % streamed, max_tokens lognormal up to 512) is sent once
+per run with the same prompts at the same offsets, each run starting at the same second of a UTC minute (the rate
+limit's windows are clock minutes: the same traffic meets them at the same phase):
 
-then `gateway whatif --log A` (i) against policy A (--calibrate: the replay against what log A recorded) and
-(ii) with candidate policy B, whose prediction is compared with what log B recorded. Prints both comparisons.
+  run A   policy A: bands 0.5 / 0.8 on small, medium, large; no rate limit             -> log A
+  run B   policy B: other bands (0.3 / 0.6) and a tighter limit (--limit requests a minute)  -> log B
+  run C   routes C: a tier added (mid, int8, priced between small and medium), bands 0.4 / 0.6 / 0.8  -> log C
+
+then `gateway whatif --log A --calibrate` against policy A (the replay against what log A recorded), and policies
+B and C predicted from log A, each compared with what its run's log recorded. Writes compare.json and prints the
+markdown tables (docs/BENCHMARKS.md's whatif section).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
+import os
 import random
 import sys
 import time
@@ -29,137 +42,360 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import yaml
-from structlog.testing import capture_logs
 
-from gateway.app import create_app
-from gateway.config import load_config
-from gateway.emulator.harness import serve_emulator
-from gateway.emulator.profiles import get_profile
-from gateway.server import running
-from gateway.testing import TEST_API_KEY, TableScorer
+from gateway.bench.procs import Procs, emulator_argv, free_port, pinning, stop_on_sigterm, wait_gateway, wait_http
+from gateway.bench.report import ROOT, command_line, load_line
 from gateway.whatif.cli import run_whatif
 
-FLEET = (("small", "int4", 2), ("medium", "int8", 1), ("large", "fp16", 1))
-PRICES = {"small": (0.05, 0.2), "medium": (0.15, 0.6), "large": (0.5, 2.0)}
+API_KEY = "sk-whatif-validate"
+#        name, emulator profile, replicas, price in / out per M tokens
+TIERS = (("small", "int4", 2, (0.05, 0.2)), ("mid", "int8", 1, (0.1, 0.4)), ("medium", "int8", 1, (0.15, 0.6)),
+         ("large", "fp16", 1, (0.5, 2.0)))
+SEED = 7  # every emulator's: a prompt's answer length is the same on every tier
+PHASE_S = 5.0  # each run starts this many seconds into a UTC minute
 
 
-def routes(urls: dict[str, list[str]]) -> dict[str, Any]:
+def routes(urls: dict[str, list[str]], names: tuple[str, ...]) -> dict[str, Any]:
     return {"balancing": {"health_interval_s": 0.0, "scrape_interval_s": 0.0},
             "tiers": [{"name": name, "precision": profile, "context_window": 32768,
-                       "prices": {"input_per_mtok": PRICES[name][0], "output_per_mtok": PRICES[name][1]},
+                       "prices": {"input_per_mtok": price[0], "output_per_mtok": price[1]},
                        "replicas": [{"name": f"{name}-{i}", "url": url, "model": "emulated",
                                      "launch": {"kind": "emulator", "profile": profile}}
                                     for i, url in enumerate(urls[name])]}
-                      for name, profile, _ in FLEET]}
+                      for name, profile, _, price in TIERS if name in names]}
 
 
-def policy(cuts: tuple[float, float], rate: int | None) -> dict[str, Any]:
-    tenant: dict[str, Any] = {"name": "bench", "api_key_sha256": hashlib.sha256(TEST_API_KEY.encode()).hexdigest()}
+def policy(bands: list[tuple[float | None, str]], rate: int | None) -> dict[str, Any]:
+    tenant: dict[str, Any] = {"name": "bench", "api_key_sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}
     if rate is not None:
         tenant["rate_limit"] = {"requests_per_min": rate}
-    bands = [{"below": cuts[0], "tier": "small"}, {"below": cuts[1], "tier": "medium"}, {"tier": "large"}]
-    return {"default_tier": "small", "max_tokens": {"default": 128, "maximum": 1024}, "routing": {"bands": bands},
+    return {"default_tier": "small", "max_tokens": {"default": 128, "maximum": 1024},
+            "routing": {"bands": [{"tier": tier} if below is None else {"below": below, "tier": tier}
+                                  for below, tier in bands]},
             "tenants": [tenant]}
 
 
-def workload(count: int, rate: float, seed: int = 40) -> list[tuple[float, str, float, int, bool]]:
+SCENARIOS: dict[str, tuple[tuple[str, ...], list[tuple[float | None, str]], bool, str]] = {
+    "A": (("small", "medium", "large"), [(0.5, "small"), (0.8, "medium"), (None, "large")], False,
+          "the log's own policy: bands 0.5 / 0.8"),
+    "B": (("small", "medium", "large"), [(0.3, "small"), (0.6, "medium"), (None, "large")], True,
+          "other bands (0.3 / 0.6) and a tighter limit"),
+    "C": (("small", "mid", "medium", "large"), [(0.4, "small"), (0.6, "mid"), (0.8, "medium"), (None, "large")],
+          False, "a tier added (mid: int8 at 0.10 / 0.40 $/M), bands 0.4 / 0.6 / 0.8"),
+}
+
+
+def workload(count: int, rate: float, seed: int = 40, words_mu: float = 4.5,
+             max_out: int = 512) -> list[tuple[float, str, float, int, bool]]:
+    """(offset s, prompt, difficulty, max_tokens, stream) per request: Poisson arrivals, lognormal prompt lengths
+    (median e^words_mu words) and max_tokens (median ~100, at most max_out), 70 % streamed."""
     rng = random.Random(seed)
     at, out = 0.0, []
     for i in range(count):
         at += rng.expovariate(rate)
-        words = " ".join(f"w{rng.randrange(5000)}" for _ in range(int(rng.lognormvariate(4.5, 0.8))))
-        out.append((at, f"request {i}: {words}", rng.random(), int(min(512, rng.lognormvariate(4.6, 0.7))) + 1,
-                    rng.random() < 0.7))
+        words = " ".join(f"w{rng.randrange(5000)}" for _ in range(int(rng.lognormvariate(words_mu, 0.8))))
+        out.append((at, f"request {i}: {words}", rng.random(),
+                    int(min(max_out - 1, rng.lognormvariate(4.6, 0.7))) + 1, rng.random() < 0.7))
     return out
 
 
-async def run(folder: Path, name: str, routes_file: Path, policy_file: Path, load: list[Any]) -> Path:
-    scorer = TableScorer({prompt: difficulty for _, prompt, difficulty, _, _ in load})
-    app = create_app(load_config(routes_file, policy_file), scorer)
-    async with running(app) as url:
-        started = time.perf_counter()
+# --- make run's llama.cpp tiers (--stack local): routes/local.yaml's chat tiers on free ports ---
 
-        async def ask(session: aiohttp.ClientSession, item: Any) -> None:
-            at, prompt, _, max_tokens, stream = item
-            await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
-            body = {"model": "auto", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                    "stream": stream}
-            async with session.post(f"{url}/v1/chat/completions", json=body,
-                                    headers={"Authorization": f"Bearer {TEST_API_KEY}"}) as response:
-                await response.read()
-
-        with capture_logs() as logs:
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-                await asyncio.gather(*(ask(session, item) for item in load))
-            await asyncio.sleep(0.2)
-    log = folder / f"requests-{name}.log"
-    log.write_bytes(b"\n".join(orjson.dumps(entry, default=str) for entry in logs
-                               if entry.get("event") == "request") + b"\n")
-    return log
+LOCAL_SCENARIOS: dict[str, tuple[tuple[str, ...], list[tuple[float | None, str]], bool, str]] = {
+    "A": (("small-q4", "large-f16"), [(0.6, "small-q4"), (None, "large-f16")], False,
+          "the log's own policy: band 0.6"),
+    "B": (("small-q4", "large-f16"), [(0.3, "small-q4"), (None, "large-f16")], True,
+          "another band (0.3) and a tighter limit"),
+}
 
 
-async def main_async(args: argparse.Namespace) -> int:
+def local_routes(folder: Path) -> Path:
+    """routes/local.yaml with its chat tiers only (no embedder), each replica on a free port."""
+    routes = yaml.safe_load((ROOT / "routes" / "local.yaml").read_text())
+    routes["tiers"] = [t for t in routes["tiers"] if t.get("replicas")]
+    for tier in routes["tiers"]:
+        for replica in tier["replicas"]:
+            replica["url"] = f"http://127.0.0.1:{free_port()}/v1"
+    path = folder / "routes-local.yaml"
+    path.write_text(yaml.safe_dump(routes))
+    return path
+
+
+def main_local(args: argparse.Namespace) -> int:
+    """The same comparison on make run's llama.cpp tiers (llama-server children, fresh per run)."""
+    from gateway.config.loader import load_routes
+    from gateway.local.children import start_children, stop_children, wait_healthy
+
+    stop_on_sigterm()
     folder: Path = args.out
     folder.mkdir(parents=True, exist_ok=True)
-    load = workload(args.requests, args.rate)
-    async with contextlib.AsyncExitStack() as stack:
-        urls: dict[str, list[str]] = {}
-        seed = 0
-        for name, profile, count in FLEET:
-            for _ in range(count):
-                seed += 1
-                emulator = await stack.enter_async_context(serve_emulator(get_profile(profile), seed, None))
-                urls.setdefault(name, []).append(f"{emulator.url}/v1")
-        routes_file = folder / "routes.yaml"
-        routes_file.write_text(yaml.safe_dump(routes(urls)))
-        files = {}
-        for name, cuts, rate in (("A", (0.5, 0.8), None), ("B", (0.3, 0.6), args.limit)):
-            files[name] = folder / f"policy-{name}.yaml"
-            files[name].write_text(yaml.safe_dump(policy(cuts, rate)))
-        log_a = await run(folder, "A", routes_file, files["A"], load)
-        log_b = await run(folder, "B", routes_file, files["B"], load)
-    own, predicted, real = folder / "calibrate.json", folder / "predicted.json", folder / "real-B.json"
-    run_whatif(["--log", str(log_a), "--routes", str(routes_file), "--policies", str(files["A"]), "--calibrate",
-                "--json", str(own)])
-    run_whatif(["--log", str(log_a), "--routes", str(routes_file), "--policies", str(files["B"]),
-                "--baseline-policies", str(files["A"]), "--baseline-routes", str(routes_file),
-                "--json", str(predicted), "--html", str(folder / "predicted.html")])
-    run_whatif(["--log", str(log_b), "--routes", str(routes_file), "--policies", str(files["B"]), "--calibrate",
-                "--json", str(real)])
-    report(json.loads(own.read_text()), json.loads(predicted.read_text()), json.loads(real.read_text()))
+    load = workload(args.requests, args.rate, words_mu=2.5, max_out=args.max_out)
+    table = folder / "difficulty.json"
+    table.write_text(json.dumps({prompt: difficulty for _, prompt, difficulty, _, _ in load}))
+    routes_file = local_routes(folder)
+    load_before = os.getloadavg()
+    statuses: dict[str, dict[str, int]] = {}
+    procs = Procs()
+    try:
+        for name, (_, bands, limited, _) in LOCAL_SCENARIOS.items():
+            (folder / f"routes-{name}.yaml").write_text(routes_file.read_text())
+            pol = policy(bands, args.limit if limited else None)
+            pol["default_tier"] = "small-q4"
+            pol["max_tokens"] = {"default": 64, "maximum": args.max_out}
+            (folder / f"policy-{name}.yaml").write_text(yaml.safe_dump(pol))
+        for name in LOCAL_SCENARIOS:
+            children = start_children(load_routes(routes_file), folder / f"llama-{name}")
+            try:
+                asyncio.run(wait_healthy(children, timeout_s=300))
+                print(f"run {name} ({args.requests} requests at {args.rate}/s) ...", file=sys.stderr)
+                _, statuses[name] = run(procs, folder, name, folder / f"routes-{name}.yaml",
+                                        folder / f"policy-{name}.yaml", table, load, None)
+            finally:
+                procs.close()
+                stop_children(children)
+            print(f"run {name}: statuses {statuses[name]}; {load_line()}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    meta = {"command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "pinning": "no pinning (llama-server threads, gateway and load generator share the CPUs)",
+            "load_before": load_before, "load_after": os.getloadavg(), "statuses": statuses, "stack": "local"}
+    (folder / "runs.json").write_text(json.dumps(meta, indent=1))
+    print(markdown(analyse(folder, meta)))
     return 0
 
 
-def report(own: dict[str, Any], predicted: dict[str, Any], real: dict[str, Any]) -> None:
-    print("## Replayed against its own policy (log A, calibrate)")
-    print(json.dumps(_short(own["calibration"]), indent=1))
-    print("## Policy B predicted from log A vs run for real (log B)")
-    cand, rec = predicted["candidate"], real["recorded"]
-    rows = {}
-    for tier in sorted(set(cand["tiers"]) | set(rec["tiers"])):
-        p, r = cand["tiers"].get(tier, {}), rec["tiers"].get(tier, {})
-        rows[tier] = {"share_pred": p.get("share"), "share_real": r.get("share"), "cost_pred": p.get("cost_usd"),
-                      "cost_real": r.get("cost_usd"), "p99_pred": p.get("ttft_p99_ms"), "p99_real": r.get("ttft_p99_ms"),
-                      "p50_pred": p.get("ttft_p50_ms"), "p50_real": r.get("ttft_p50_ms")}
-    print(json.dumps({"tiers": rows, "cost_pred": cand["cost_usd"], "cost_real": rec["cost_usd"],
-                      "p99_pred": cand["ttft_p99_ms"], "p99_real": rec["ttft_p99_ms"],
-                      "refused_pred": cand["refused"], "refused_real": rec["refused"]}, indent=1))
+# --- the gateway process (`--gateway-child`): `gateway serve`'s app with a table for a difficulty classifier ---
+
+def serve_child(args: argparse.Namespace) -> int:
+    from gateway import server
+    from gateway.accounting.log import configure_logging
+    from gateway.accounting.logfile import RotatingLogFile
+    from gateway.app import create_app
+    from gateway.config import load_config
+    from gateway.testing import TableScorer
+
+    table = json.loads(Path(args.table).read_text())
+    stream = RotatingLogFile(Path(args.log_file), max_bytes=1 << 30, backups=1, daily=False)
+    batched = configure_logging(stream)
+    try:
+        app = create_app(load_config(Path(args.routes), Path(args.policies)), TableScorer(table))
+        server.run(server.serve_until_signal(app, "127.0.0.1", args.port))
+    finally:
+        batched.close()
+    return 0
+
+
+# --- the load generator (this process) ---
+
+async def send_load(url: str, load: list[Any]) -> dict[str, int]:
+    statuses: dict[str, int] = {}
+    now = time.time()
+    start = (now // 60 + 1) * 60 + PHASE_S  # the next minute's PHASE_S-th second (see the module docstring)
+    await asyncio.sleep(start - now)
+    started = time.perf_counter()
+
+    async def ask(session: aiohttp.ClientSession, item: Any) -> None:
+        at, prompt, _, max_tokens, stream = item
+        await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
+        body = {"model": "auto", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                "stream": stream}
+        async with session.post(f"{url}/v1/chat/completions", json=body,
+                                headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+            await response.read()
+            statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
+        await asyncio.gather(*(ask(session, item) for item in load))
+    return statuses
+
+
+def run(procs: Procs, folder: Path, name: str, routes_file: Path, policy_file: Path, table: Path, load: list[Any],
+        cpu: int | None) -> tuple[Path, dict[str, int]]:
+    port, log = free_port(), folder / f"requests-{name}.log"
+    log.unlink(missing_ok=True)  # the log file is appended to: a run's log holds that run only
+    argv = [sys.executable, str(Path(__file__).resolve()), "--gateway-child", "--routes", str(routes_file),
+            "--policies", str(policy_file), "--table", str(table), "--port", str(port), "--log-file", str(log)]
+    gateway = procs.start(f"gateway-{name}", (["taskset", "-c", str(cpu)] if cpu is not None else []) + argv, None,
+                          folder / f"gateway-{name}.out")
+    wait_gateway(port, gateway)
+    statuses = asyncio.run(send_load(f"http://127.0.0.1:{port}", load))
+    gateway.terminate()  # drains, then the log is flushed and closed
+    gateway.wait(timeout=60)
+    return log, statuses
+
+
+def main_run(args: argparse.Namespace) -> int:
+    stop_on_sigterm()
+    folder: Path = args.out
+    folder.mkdir(parents=True, exist_ok=True)
+    load = workload(args.requests, args.rate)
+    table = folder / "difficulty.json"
+    table.write_text(json.dumps({prompt: difficulty for _, prompt, difficulty, _, _ in load}))
+    pin = pinning(args.no_pin)
+    print(pin.note, file=sys.stderr)
+    load_before = os.getloadavg()
+    procs = Procs()
+    statuses: dict[str, dict[str, int]] = {}
+    files: dict[str, tuple[Path, Path]] = {}
+    try:
+        ports = {(name, i): free_port() for name, _, count, _ in TIERS for i in range(count)}
+        urls: dict[str, list[str]] = {}
+        for (name, _), port in ports.items():
+            urls.setdefault(name, []).append(f"http://127.0.0.1:{port}/v1")
+        for name, (tiers, bands, limited, _) in SCENARIOS.items():
+            routes_file, policy_file = folder / f"routes-{name}.yaml", folder / f"policy-{name}.yaml"
+            routes_file.write_text(yaml.safe_dump(routes(urls, tiers)))
+            policy_file.write_text(yaml.safe_dump(policy(bands, args.limit if limited else None)))
+            files[name] = (routes_file, policy_file)
+        for name in SCENARIOS:
+            # fresh emulators per run: the same prompts again would find the last run's prefix cache warm
+            for (tier, i), port in ports.items():
+                profile = next(p for t, p, _, _ in TIERS if t == tier)
+                proc = procs.start(f"emulator-{tier}-{i}", emulator_argv(port, profile, SEED), pin.rest,
+                                   folder / f"emulator-{name}-{tier}-{i}.out")
+                wait_http(f"http://127.0.0.1:{port}/v1/models", proc, f"emulator {tier}-{i}")
+            print(f"run {name} ({args.requests} requests at {args.rate}/s) ...", file=sys.stderr)
+            _, statuses[name] = run(procs, folder, name, *files[name], table, load, pin.proxy)
+            procs.close()
+            print(f"run {name}: statuses {statuses[name]}; {load_line()}", file=sys.stderr)
+    except KeyboardInterrupt:
+        procs.print_tails()
+        return 130
+    finally:
+        procs.close()
+    meta = {"command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "pinning": pin.note, "load_before": load_before, "load_after": os.getloadavg(), "statuses": statuses}
+    (folder / "runs.json").write_text(json.dumps(meta, indent=1))
+    print(markdown(analyse(folder, meta)))
+    return 0
+
+
+def analyse(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """`gateway whatif` on the runs' logs in `folder`: each log against its own policy, B and C predicted from log A;
+    compare.json written, returned."""
+    results: dict[str, Any] = {}
+    scenarios = LOCAL_SCENARIOS if meta.get("stack") == "local" else SCENARIOS
+    files = {name: (folder / f"routes-{name}.yaml", folder / f"policy-{name}.yaml") for name in scenarios}
+    log_a = folder / "requests-A.log"
+    for name, (routes_file, policy_file) in files.items():
+        own = folder / f"calibrate-{name}.json"  # each log replayed against its own policy
+        run_whatif(["--log", str(folder / f"requests-{name}.log"), "--routes", str(routes_file), "--policies",
+                    str(policy_file), "--calibrate", "--json", str(own)])
+        results[f"calibrate-{name}"] = json.loads(own.read_text())
+        if name == "A":
+            continue
+        predicted = folder / f"predicted-{name}.json"
+        run_whatif(["--log", str(log_a), "--routes", str(routes_file), "--policies", str(policy_file),
+                    "--baseline-routes", str(files["A"][0]), "--baseline-policies", str(files["A"][1]),
+                    "--json", str(predicted), "--html", str(folder / f"predicted-{name}.html")])
+        results[f"predicted-{name}"] = json.loads(predicted.read_text())
+    compare = meta | {
+        "own": _short(results["calibrate-A"]["calibration"]),
+        "own_physics": results["calibrate-A"]["meta"]["physics"]["baseline"],
+        "own_each": {name: {k: results[f"calibrate-{name}"]["calibration"][k] for k in ("ttft_p50", "ttft_p99")}
+                     for name in files},
+        "changed": {name: changed(results[f"predicted-{name}"]["candidate"], results[f"calibrate-{name}"]["recorded"])
+                    for name in files if name != "A"}}
+    (folder / "compare.json").write_text(json.dumps(compare, indent=1))
+    return compare
+
+
+def changed(pred: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
+    """A changed policy's prediction (from log A) against what its own run recorded."""
+    tiers = {}
+    for tier in sorted(set(pred["tiers"]) | set(real["tiers"])):
+        p, r = pred["tiers"].get(tier, {}), real["tiers"].get(tier, {})
+        tiers[tier] = {"share": (p.get("share", 0.0), r.get("share", 0.0)),
+                       "cost": (p.get("cost_usd", 0.0), r.get("cost_usd", 0.0)),
+                       "p50": (p.get("ttft_p50_ms"), r.get("ttft_p50_ms")),
+                       "p99": (p.get("ttft_p99_ms"), r.get("ttft_p99_ms"))}
+    refused = {k: (pred["refused"].get(k, 0), real["refused"].get(k, 0))
+               for k in sorted(set(pred["refused"]) | set(real["refused"]))}
+    return {"tiers": tiers, "cost": (pred["cost_usd"], real["cost_usd"]),
+            "p50": (pred["ttft_p50_ms"], real["ttft_p50_ms"]), "p99": (pred["ttft_p99_ms"], real["ttft_p99_ms"]),
+            "refused": refused,
+            "max_share_points": max(abs(100 * (v["share"][0] - v["share"][1])) for v in tiers.values())}
 
 
 def _short(cal: dict[str, Any]) -> dict[str, Any]:
     return {k: cal[k] for k in ("cost", "ttft_p50", "ttft_p99", "max_share_points", "tiers", "refused")}
 
 
+def _rel(pair: tuple[float | None, float | None]) -> str:
+    p, r = pair
+    return "-" if p is None or r is None or r == 0 else f"{100 * (p - r) / r:+.1f} %"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def markdown(c: dict[str, Any]) -> str:
+    own = c["own"]
+    lines = [f"`{c['command']}`, {c['date']}; {c['pinning']}; machine load (os.getloadavg 1/5/15 min) "
+             f"{' / '.join(f'{x:.2f}' for x in c['load_before'])} before, "
+             f"{' / '.join(f'{x:.2f}' for x in c['load_after'])} after, on {os.cpu_count()} CPUs.", "",
+             "Replayed against its own policy (log A, `--calibrate`):", "",
+             "| figure | error | target |", "| --- | ---: | ---: |",
+             f"| tier shares | {own['max_share_points']:.2f} points | exact |",
+             f"| cost | {100 * (own['cost'] or 0):+.2f} % | 1 % |",
+             f"| TTFT p50 overall | {100 * (own['ttft_p50'] or 0):+.1f} % | 10 % |",
+             f"| TTFT p99 overall | {100 * (own['ttft_p99'] or 0):+.1f} % | 20 % |"]
+    for tier, t in own["tiers"].items():
+        if t.get("ttft_p50") is not None:
+            lines.append(f"| TTFT p50 / p99 {tier} | {100 * t['ttft_p50']:+.1f} % / "
+                         f"{100 * (t['ttft_p99'] or 0):+.1f} % | 10 % / 20 % |")
+    lines += ["", "Each run's log against its own policy (`--calibrate`), TTFT p50 / p99 overall: " + "; ".join(
+        f"{name} {100 * (e['ttft_p50'] or 0):+.1f} % / {100 * (e['ttft_p99'] or 0):+.1f} %"
+        for name, e in c.get("own_each", {}).items()) + "."]
+    scenarios = LOCAL_SCENARIOS if c.get("stack") == "local" else SCENARIOS
+    for name, ch in c["changed"].items():
+        lines += ["", f"Policy {name} ({scenarios[name][3]}) predicted from log A, against run {name}:", "",
+                  "| figure | predicted | run for real | error | target |", "| --- | ---: | ---: | ---: | ---: |"]
+        for tier, t in ch["tiers"].items():
+            lines.append(f"| share {tier} | {100 * t['share'][0]:.1f} % | {100 * t['share'][1]:.1f} % | "
+                         f"{100 * (t['share'][0] - t['share'][1]):+.1f} points | 2 points |")
+        lines.append(f"| cost | ${ch['cost'][0]:.5f} | ${ch['cost'][1]:.5f} | {_rel(ch['cost'])} | 3 % |")
+        for reason, pair in ch["refused"].items():
+            lines.append(f"| refused {reason} | {pair[0]} | {pair[1]} | {_rel(pair)} | "
+                         f"{'10 %' if reason.startswith('rate_limit') else '-'} |")
+        lines.append(f"| TTFT p50 overall | {_ms(ch['p50'][0])} ms | {_ms(ch['p50'][1])} ms | {_rel(ch['p50'])} | - |")
+        lines.append(f"| TTFT p99 overall | {_ms(ch['p99'][0])} ms | {_ms(ch['p99'][1])} ms | {_rel(ch['p99'])} "
+                     f"| 25 % |")
+        for tier, t in ch["tiers"].items():
+            if t["p99"][1] is not None:
+                lines.append(f"| TTFT p50 / p99 {tier} | {_ms(t['p50'][0])} / {_ms(t['p99'][0])} ms | "
+                             f"{_ms(t['p50'][1])} / {_ms(t['p99'][1])} ms | {_rel(t['p50'])} / {_rel(t['p99'])} | - |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=1200)
-    parser.add_argument("--rate", type=float, default=12.0)
-    parser.add_argument("--limit", type=int, default=400, help="policy B's requests per minute")
+    parser.add_argument("--rate", type=float, default=10.0)
+    parser.add_argument("--limit", type=int, default=300, help="policy B's requests per minute")
     parser.add_argument("--out", type=Path, default=Path("/tmp/whatif-validate"))
-    return asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--no-pin", action="store_true", help="no CPU of its own for the gateway")
+    parser.add_argument("--stack", choices=("emulator", "local"), default="emulator",
+                        help="local: make run's llama.cpp tiers (routes/local.yaml), policies A and B only")
+    parser.add_argument("--max-out", type=int, default=512, help="max_tokens at most (local: use 64)")
+    parser.add_argument("--analyse", action="store_true",
+                        help="no runs: `gateway whatif` again on the logs of an earlier run in --out")
+    parser.add_argument("--gateway-child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--routes", "--policies", "--table", "--log-file"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.gateway_child:
+        return serve_child(args)
+    if args.analyse:
+        print(markdown(analyse(args.out, json.loads((args.out / "runs.json").read_text()))))
+        return 0
+    return main_local(args) if args.stack == "local" else main_run(args)
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     sys.exit(main())

@@ -24,11 +24,17 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.whatif.calibrate import errors
 from gateway.whatif.replay import MAX_WINDOW, RECORDED, replay
 from gateway.whatif.report import document, html, table
-from gateway.whatif.simulate import fitted_physics, record_window, simulate_window
+from gateway.whatif.simulate import fit_fleet, fitted_physics, record_window, simulate_window
 
-NOT_MODELLED = ("prefix affinity and the predicted-TTFT ranking (the replica with the fewest requests stands for "
-                "them), brownout, priority classes and TTFT-SLO deadlines in the queue, replica failures, semantic "
-                "cache hits on a tier other than the logged one, output lengths on another tier (the logged ones)")
+NOT_MODELLED = (
+    "prefix affinity and the predicted-TTFT ranking (the replica with the fewest requests stands for them); "
+    "brownout, priority classes and TTFT-SLO deadlines in the admission queue; replica failures; "
+    "escalation on low confidence (the logged answer's tier and tokens are kept); "
+    "spill decided on the forecasts the log recorded (the load the logged policy put on each tier, not the "
+    "candidate's: the latency window does not re-decide spill against the simulated fleet); "
+    "a conversation continued from a reply the gateway did not give (the replay links turns by the conversation "
+    "through the reply, not by the reply's text) and sessions on lines written before turn_keys (replay 1); "
+    "semantic cache hits on a tier other than the logged one; output lengths on another tier (the logged ones)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -66,8 +72,9 @@ def run_whatif(argv: Sequence[str]) -> int:
     decided_s = time.perf_counter() - started
     record_window(result.window, result.tallies[RECORDED])
     physics: dict[str, Any] = {}
+    fleet = fit_fleet(baseline, result.window, result.samples)
     for name, config in scenarios.items():
-        fitted = fitted_physics(config, result.samples)
+        fitted = fitted_physics(config, result.samples, fleet)
         physics[name] = {tier: f.describe() for tier, f in fitted.items()}
         simulate_window(name, config, result.window, fitted, result.tallies[name])
     meta = _meta(result, decided_s, time.perf_counter() - started, physics)

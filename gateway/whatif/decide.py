@@ -5,7 +5,10 @@ The steps are the request path's, in its order, each from the server's own funct
     tenant     by name (a tenant the candidate drops: 401); its experiment arm from the logged assignment keys
     limits     max_tokens (the tenant's default, cap and output cap: 400 when it rejects), prompt caps (413)
     route      model 'auto': quality floor, bands, default tier; the tier map and the allowed check (404, 403);
-               a session holds its tier, moving only up; a tier down when logged (`rerouted_from`): the detour
+               a session holds its tier, moving only up (keyed by the conversation as the server keys it: the
+               log's `turn_keys`; lines without them hold none); a tier down when logged (`rerouted_from`): the
+               detour; spill under the candidate's rule, each tier's predicted TTFT the one the log last recorded
+               for it (`Forecasts`: the load the logged policy put on the fleet, not the candidate's)
     admission  rate limits and the daily budget at the logged arrival time (429; `limits`)
     cache      the logged outcome where the decision keeps it (same tier, the rule still caching the request);
                an exact hit where the candidate caches what the log shows was answered before on that tier;
@@ -32,7 +35,7 @@ from gateway.routing.sessions import LocalSessions
 from gateway.types import AUTO_MODEL
 from gateway.whatif.limits import ReplayLimits
 from gateway.whatif.records import SHED, Logged
-from gateway.whatif.steps import Asked, candidate_tier, detour_tier, hold_session
+from gateway.whatif.steps import Asked, candidate_tier, detour_tier, hold_session, spill
 
 KEPT_ERRORS_BELOW = 500  # recorded client errors other than the policy's own are kept as they were
 POLICY_ERRORS = frozenset({"max_tokens_exceeded", "prompt_too_large", "tier_not_allowed", "model_not_found",
@@ -40,6 +43,26 @@ POLICY_ERRORS = frozenset({"max_tokens_exceeded", "prompt_too_large", "tier_not_
 HITS = ("hit", "semantic_hit")
 NO_BODY: dict[str, Any] = {}  # the log has no body: an embedding request's dimensions are not checked
 STORED_MAX = 200_000  # exact-cache keys the replay remembers
+STALE_S = 5.0  # a tier's logged forecast older than this: the tier is taken as idle (predicted 0)
+
+
+class Forecasts:
+    """Each tier's predicted TTFT as the log last recorded it, on the log's clock: a served line's
+    `predicted_ttft_ms` (the replica's at admission), both tiers' forecasts of a line that spilled. None recorded
+    for STALE_S: the tier is taken as idle (0 s: within any SLO)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, float]] = {}
+
+    def see(self, rec: Logged) -> None:
+        if rec.predicted_ttft_ms is not None and rec.tier is not None:
+            self._last[rec.tier] = (rec.arrival, rec.predicted_ttft_ms / 1000)
+        for tier, ttft_ms in rec.spill_forecasts:
+            self._last[tier] = (rec.arrival, ttft_ms / 1000)
+
+    def ttft_s(self, tier: str, now: float) -> float:
+        seen = self._last.get(tier)
+        return 0.0 if seen is None or now - seen[0] > STALE_S else seen[1]
 
 
 @dataclass(slots=True)
@@ -54,6 +77,7 @@ class Decision:
     cost: float
     arm: str | None = None
     session_route: str | None = None
+    spilled_from: str | None = None
 
 
 class Decider:
@@ -69,8 +93,10 @@ class Decider:
         self.limits = ReplayLimits()
         self._stored: dict[tuple[str, str, str], float] = {}  # (scope, tier, digest) -> expires
         self._mean_out: dict[str, tuple[int, int]] = {}  # tenant -> (served requests, completion tokens)
+        self.forecasts = Forecasts()
 
     def decide(self, rec: Logged) -> Decision:
+        self.forecasts.see(rec)
         if rec.served and rec.completion:
             n, total = self._mean_out.get(rec.tenant, (0, 0))
             self._mean_out[rec.tenant] = (n + 1, total + rec.completion)
@@ -87,15 +113,16 @@ class Decider:
             tenant, arm = assignment.policy, assignment.arm
         try:
             max_tokens = self._max_tokens(rec, tenant)
-            tier, session_route = self._route(rec, tenant, max_tokens)
+            tier, session_route, spilled_from = self._route(rec, tenant, max_tokens)
         except GatewayError as err:
             return Decision(None, err.code or f"status_{err.status}", "off", 0, 0, 0.0, arm)
         prompt, completion = self._tokens(rec, tenant, tier, max_tokens)
         refused = self.limits.admit(tenant, rec.input_tokens + rec.generated * max_tokens, rec.arrival)
         if refused is not None:
-            return Decision(tier.name, refused, "off", 0, 0, 0.0, arm, session_route)
+            return Decision(tier.name, refused, "off", 0, 0, 0.0, arm, session_route, spilled_from)
         if rec.refused is not None and rec.tier == tier.name:  # shed, or failed upstream, on the same tier: kept
-            return Decision(tier.name, rec.refused, rec.cache, prompt, completion, 0.0, arm, session_route)
+            return Decision(tier.name, rec.refused, rec.cache, prompt, completion, 0.0, arm, session_route,
+                            spilled_from)
         cache = self._cache(rec, tenant, tier)
         cached = rec.cached if tier.name == rec.tier else 0
         priced = tier.price_at(rec.day).cost_usd(prompt, completion, cached)
@@ -103,7 +130,7 @@ class Decider:
         used = prompt + completion if cache not in HITS else 0
         self.limits.book(tenant, used - (rec.input_tokens + rec.generated * max_tokens), cost,
                          rec.arrival + rec.e2e_ms / 1000)
-        return Decision(tier.name, None, cache, prompt, completion, cost, arm, session_route)
+        return Decision(tier.name, None, cache, prompt, completion, cost, arm, session_route, spilled_from)
 
     def _price_only(self, rec: Logged) -> Decision:
         """A line from before the replay fields: its recorded tier, outcome and tokens, at the config's prices."""
@@ -142,18 +169,27 @@ class Decider:
                 raise BodyTooLarge("input over the tenant's prompt cap", code="prompt_too_large")
         return limit if cap is None else min(limit, cap)
 
-    def _route(self, rec: Logged, tenant: TenantPolicy, max_tokens: int) -> tuple[Tier, str | None]:
+    def _route(self, rec: Logged, tenant: TenantPolicy, max_tokens: int) -> tuple[Tier, str | None, str | None]:
+        """The tier serving the request (route, session, detour, spill: the server's order), the session's effect
+        and the tier spill moved it from."""
         config, model = self.config, rec.model
         asked = Asked(rec.endpoint, model, max_tokens, rec.input_tokens, NO_BODY, rec.difficulty, rec.quality, rec.day)
-        tier = candidate_tier(config, tenant, asked).tier
-        session_route = None
+        decided = candidate_tier(config, tenant, asked)
+        tier = decided.tier
+        session_route = spilled_from = None
         rule = tenant.sessions
-        if rule is not None and model == AUTO_MODEL and tier.endpoint == "chat" and rec.conversation is not None:
-            tier, session_route = hold_session(self._sessions, rec.conversation, tier, self._ranks, rule.ttl_s,
-                                               rec.arrival, config, tenant, max_tokens)
+        if rule is not None and model == AUTO_MODEL and tier.endpoint == "chat" and rec.turn_current is not None:
+            held = hold_session(self._sessions, rec.turn_parent, rec.turn_current, tier, self._ranks, rule.ttl_s,
+                                rec.arrival, config, tenant, max_tokens, record=rec.served)
+            tier, session_route = held.tier, held.route
         if model == AUTO_MODEL and rec.rerouted_from is not None:
             tier = detour_tier(config, tier, tenant, max_tokens, rec.rerouted_from) or tier
-        return tier, session_route
+        if tenant.spill is not None and model == AUTO_MODEL and tier.endpoint == "chat" and tier.replicas:
+            now, forecasts = rec.arrival, self.forecasts
+            choice = spill(tenant.spill, config, tenant, decided, tier, max_tokens,
+                           lambda t: forecasts.ttft_s(t.name, now))
+            spilled_from, tier = choice.spilled_from, choice.tier
+        return tier, session_route, spilled_from
 
     def _tokens(self, rec: Logged, tenant: TenantPolicy, tier: Tier, max_tokens: int) -> tuple[int, int]:
         """(prompt, completion) tokens the candidate's answer would cost: the logged ones, the output cut to

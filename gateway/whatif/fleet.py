@@ -7,8 +7,11 @@ fed each request's TTFT from its admission), at most the tier's batch slots (`sl
 a FIFO queue of at most `max_queue` whose requests wait at most `max_wait_ms` (503 queue_full, queue_timeout).
 A request admitted goes to the replica with the fewest requests in it. Its output length is the logged one
 (cut to the scenario's max_tokens); prompt tokens the backend had cached are not prefilled again.
-TTFT = queue wait + the engine's first token + the tier's fitted overhead.
+TTFT = queue wait + the engine's first token + an overhead drawn from the tier's residuals (else its fitted
+overhead); for a request not streamed, its
+last token instead (the gateway's `ttft_ms` is the first byte to the client, and a whole answer arrives at once).
 
+The gate's limit is fed each request's first token (for a whole answer too, as the gateway's estimate of it is).
 Not modelled, said in the report: prefix affinity and the predicted-TTFT ranking (fewest requests stands for
 them), brownout and the priority classes (one FIFO), the TTFT SLO's shorter deadlines, replica failures.
 """
@@ -16,6 +19,7 @@ them), brownout and the priority classes (one FIFO), the TTFT SLO's shorter dead
 from __future__ import annotations
 
 import heapq
+import random
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,9 +41,12 @@ class Arrival:
     tier: str
     prompt: int  # tokens to prefill (the logged prompt less what the backend had cached)
     output: int  # output tokens (all outputs)
+    stream: bool = True  # False: the answer arrives whole, its TTFT is its last token's
     ttft_ms: float | None = None  # the simulated result
     shed: str | None = None
-    admitted_at: float = 0.0
+    admitted_at: float = 0.0  # -1 once the admission gate had its sample
+    overhead_s: float = 0.0  # drawn at admission (`physics.Fitted.residuals`)
+    tpot_ms: float | None = None  # the simulated decode time per output token after the first
     deadline: float = 0.0
 
 
@@ -55,6 +62,7 @@ class _Tier:
     settings: Admission
     replicas: list[_Replica]
     overhead_s: float
+    residuals: tuple[float, ...]
     capacity: int | None
     limit: GradientLimit
     in_flight: int = 0
@@ -81,9 +89,10 @@ class Fleet:
             engines = [_Replica(Engine(fitted.profile, seed=i)) for i, _ in enumerate(tier.replicas)]
             capacity = None if tier.slots_per_replica is None else tier.slots_per_replica * len(tier.replicas)
             admission = routes.admission
-            self._tiers[tier.name] = _Tier(admission, engines, fitted.overhead_s, capacity,
+            self._tiers[tier.name] = _Tier(admission, engines, fitted.overhead_s, fitted.residuals, capacity,
                                            GradientLimit(admission.initial_limit))
         self.admission_on = routes.admission.enabled
+        self._rng = random.Random(40)
 
     def run(self, arrivals: Iterable[Arrival]) -> None:
         """Replay `arrivals` (in time order) to the end of the last answer; each gets its TTFT or its shed."""
@@ -108,6 +117,7 @@ class Fleet:
     def _start(self, tier: _Tier, request: Arrival, now: float) -> None:
         tier.in_flight += 1
         request.admitted_at = now
+        request.overhead_s = self._rng.choice(tier.residuals) if tier.residuals else tier.overhead_s
         index, replica = min(enumerate(tier.replicas), key=lambda r: len(r[1].active))
         engine = replica.engine
         if not replica.busy:
@@ -139,11 +149,17 @@ class Fleet:
             still: list[tuple[Sequence, Arrival]] = []
             freed = 0
             for seq, request in replica.active:
-                if request.ttft_ms is None and seq.first_token_at is not None:
-                    request.ttft_ms = (at - request.at + tier.overhead_s) * 1000
-                    tier.limit.on_sample(at - request.admitted_at + tier.overhead_s, tier.in_flight, tier.settings)
-                if seq.state is SeqState.FINISHED:
+                finished = seq.state is SeqState.FINISHED
+                if request.admitted_at >= 0 and seq.first_token_at is not None:  # the gate's sample: first token
+                    tier.limit.on_sample(max(0.0, at - request.admitted_at + request.overhead_s), tier.in_flight,
+                                         tier.settings)
+                    request.admitted_at = -1.0
+                if request.ttft_ms is None and seq.first_token_at is not None and (request.stream or finished):
+                    request.ttft_ms = max(0.0, at - request.at + request.overhead_s) * 1000
+                if finished:
                     freed += 1
+                    if request.output > 1 and seq.first_token_at is not None:
+                        request.tpot_ms = (at - seq.first_token_at) / (request.output - 1) * 1000
                 else:
                     still.append((seq, request))
             replica.active = still

@@ -8,8 +8,13 @@ status, error), a replay re-decides the request under other routes and policies:
     replay             the version of these fields (REPLAY_VERSION); a line without it is replayed for price only
     arrival_s          the Unix time the request arrived (ts to the microsecond, as a number)
     quality_predicted  the quality predictor's score per measured model ({model: score}), when it ran
-    conversation       the conversation's id (`gateway.routing.sessions.session_id`: a hash, tenant-scoped), whatever the
-                       tenant's sessions rule, so a policy that turns sessions on can be replayed
+    conversation       the conversation's id (`gateway.routing.sessions.session_id`: a hash, tenant-scoped),
+                       whatever the tenant's sessions rule (for reports; the replay's sessions follow `turn_keys`)
+    turn_keys          the turn's place in its conversation, as the session step keys it (`conversation_keys`), whatever
+                       the tenant's sessions rule, so a policy that turns sessions on can be replayed: `current`, the
+                       digest of the conversation through this request's last message, and `parent`, the digest
+                       through the message before its last assistant reply (null: a first turn), which is the
+                       `current` of the turn that reply answered; with an x-session-id both are its session key
     sticky             the experiment assignment keys (`gateway.experiments.assign.sticky_key`: 64-bit hashes) by
                        conversation and by `user`: a replay re-assigns arms under the candidate's experiments
     reading            the request's reading summed up: input_tokens (estimate) and input_chars (the prompt caps),
@@ -22,15 +27,17 @@ status, error), a replay re-decides the request under other routes and policies:
 
 from __future__ import annotations
 
+from hashlib import blake2b
 from typing import Any
 
 from gateway.cache.keys import uncached_reasons
 from gateway.config.policies import CacheRule
 from gateway.context import RequestContext
 from gateway.experiments.assign import sticky_key
-from gateway.routing.sessions import session_id
+from gateway.routing.sessions import MESSAGE_ROLES, header_key, session_id
+from gateway.routing.sessions import _update as _digest_part  # the session step's own digest of a message part
 
-REPLAY_VERSION = 1
+REPLAY_VERSION = 2  # 2: turn_keys
 _ALWAYS = CacheRule(mode="always")
 _DETERMINISTIC = CacheRule()
 
@@ -38,19 +45,40 @@ _DETERMINISTIC = CacheRule()
 def replay_fields(ctx: RequestContext) -> dict[str, Any]:
     """The replay fields of a finished request's log line (see the module docstring)."""
     reading = ctx.reading
-    quality = ctx.quality
+    quality = ctx.route.quality
     chat = ctx.endpoint != "embeddings" and bool(ctx.body)
     tenant = ctx.tenant_name
     return {
         "replay": REPLAY_VERSION,
         "arrival_s": round(ctx.ts, 6),
         "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
-        "conversation": ctx.session or (session_id(tenant, ctx.session_header, ctx.body) if chat else None),
+        "conversation": ctx.route.session or (session_id(tenant, ctx.session_header, ctx.body) if chat else None),
         "sticky": {"conversation": sticky_key(ctx.body, tenant), "user": _user_key(ctx.body, tenant)}
         if chat else None,
+        "turn_keys": _turn_keys(tenant, ctx) if chat else None,
         "reading": None if reading is None else _reading(reading),
         "decode_tps": _decode_tps(ctx),
     }
+
+
+def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None:
+    """`turn_keys` (see the module docstring): with the session step's digest (`conversation_keys`'s), so `current`
+    is its `ConversationKeys.current()` and a next turn's `parent` the `current` of the turn its last reply answered."""
+    if ctx.session_header:
+        key = header_key(tenant, ctx.session_header)
+        return {"parent": key, "current": key}
+    reading = ctx.reading
+    if reading is None:
+        return None
+    parts = [part for part in reading.parts if part.role in MESSAGE_ROLES]
+    last_reply = max((part.turn for part in parts if part.role == "assistant"), default=-1)
+    digest = blake2b(tenant.encode() + b"\x00v", digest_size=16)
+    parent = None
+    for part in parts:
+        if parent is None and part.turn == last_reply:
+            parent = digest.hexdigest()
+        _digest_part(digest, part)
+    return {"parent": parent, "current": digest.hexdigest()}
 
 
 def _reading(reading: Any) -> dict[str, Any]:

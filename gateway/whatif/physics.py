@@ -3,7 +3,8 @@
 The emulator (`gateway.emulator.physics`) times a replica as prefill (prompt tokens / prefill_tps) plus one
 decode step per output token (tpot_1 x (1 + batch_slope x (running - 1)) + KV reads). A tier starts from the
 profile its replicas run (`launch: {kind: emulator, profile}` in routes), else the emulator profile of its
-precision; then, from the requests the log shows it served (cache misses):
+precision; then, from the streamed requests the log shows it served (cache misses; a whole answer's `ttft_ms` is its
+last token's):
 
     tpot_1      the 5th percentile of the logged TPOT (the least loaded decode steps), else 1 / decode_tps
     prefill_tps the tier's `prefill_tokens_per_s` where routes give it, else the profile's
@@ -11,6 +12,12 @@ precision; then, from the requests the log shows it served (cache misses):
                 the server's scheduling add (never below 0)
 
 A tier the log never served keeps its profile and 0 overhead, and is said to be unfitted.
+
+`overhead` is then replaced by a distribution (`residuals`, `simulate.fit_residuals`): each streamed request's
+measured TTFT less the TTFT the simulated fleet gives it when the window is replayed as the log routed it, with no
+overhead. What the physics leaves out (the gateway, the network, a loaded machine's scheduling) is drawn from
+there, one value per request, in its spread and not only its floor; a tier the log never served draws from all
+tiers' residuals.
 """
 
 from __future__ import annotations
@@ -52,12 +59,17 @@ class Fitted:
     overhead_s: float
     samples: int  # measurements the fit used (0: the profile as it is)
     base: str  # the profile it started from
+    residuals: tuple[float, ...] = ()  # seconds: what a request adds to the physics, drawn per request (else overhead)
 
     def describe(self) -> dict[str, object]:
         p = self.profile
         return {"base_profile": self.base, "samples": self.samples, "tpot_1_ms": round(p.tpot_1_s * 1000, 3),
                 "prefill_tps": round(p.prefill_tps, 1), "batch_slope": p.batch_slope,
-                "overhead_ms": round(self.overhead_s * 1000, 3), "max_running": p.max_running}
+                "overhead_ms": round(self.overhead_s * 1000, 3), "max_running": p.max_running,
+                **({} if not self.residuals else {
+                    "residual_ms": {f"p{q}": round(float(np.percentile(self.residuals, q)) * 1000, 3)
+                                    for q in (5, 50, 90, 99)},
+                    "residuals": len(self.residuals)})}
 
 
 def base_profile(tier: Tier) -> Profile:

@@ -33,7 +33,8 @@ class Logged:
                  "status", "error", "outcome", "stream", "prompt", "completion", "cached", "max_tokens", "asked",
                  "cache", "ttft_ms", "tpot_ms", "e2e_ms", "cost", "conversation", "sticky_conversation",
                  "sticky_user", "input_tokens", "input_chars", "outputs", "generated", "cacheable", "digest",
-                 "decode_tps", "replayable", "worked", "session_route", "arm", "rerouted_from")
+                 "decode_tps", "replayable", "worked", "session_route", "arm", "rerouted_from", "turn_parent",
+                 "turn_current", "predicted_ttft_ms", "spilled_from", "spill_forecasts")
 
     def __init__(self, obj: dict[str, Any]) -> None:
         self.arrival = _arrival(obj)
@@ -69,6 +70,16 @@ class Logged:
         self.arm: str | None = obj.get("arm")
         self.rerouted_from: str | None = obj.get("rerouted_from")
         self.replayable = obj.get("replay") is not None
+        turn = obj.get("turn_keys") or {}  # replay 2: the session step's keys (none: the turn holds no session)
+        self.turn_parent: str | None = turn.get("parent")
+        self.turn_current: str | None = turn.get("current")
+        self.predicted_ttft_ms: float | None = obj.get("predicted_ttft_ms")
+        self.spilled_from: str | None = obj.get("spilled_from")
+        spill = obj.get("spill")
+        # what spill forecast for each tier it weighed, (tier, TTFT ms) (issue 39: logged when it spilled)
+        self.spill_forecasts: tuple[tuple[str, float], ...] = () if not spill else tuple(
+            (f["tier"], f["ttft_ms"]) for f in (spill.get("from"), spill.get("to"))
+            if f and f.get("ttft_ms") is not None)
         self.conversation: str | None = obj.get("conversation")
         sticky = obj.get("sticky") or {}
         self.sticky_conversation: int | None = sticky.get("conversation")

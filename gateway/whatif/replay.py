@@ -67,12 +67,16 @@ def replay(paths: Iterable[Path], scenarios: Mapping[str, GatewayConfig], *, win
         hour = int(rec.arrival // 3600)
         day = rec.day.isoformat()
         recorded.add(rec.tenant, rec.tier, rec.refused, rec.cost, hour, day, rec.cache in HITS)
+        if rec.spilled_from is not None or rec.session_route == "held":
+            recorded.routed(rec.spilled_from, rec.session_route)
         decisions = {}
         for name, decider in deciders.items():
             decision = decisions[name] = decider.decide(rec)
-            tallies[name].add(rec.tenant, decision.tier, decision.refused, decision.cost, hour, day,
-                              decision.cache in HITS)
-        if rec.served and rec.tier is not None and rec.ttft_ms is not None and rec.cache not in HITS:
+            tally = tallies[name]
+            tally.add(rec.tenant, decision.tier, decision.refused, decision.cost, hour, day, decision.cache in HITS)
+            if decision.spilled_from is not None or decision.session_route == "held":
+                tally.routed(decision.spilled_from, decision.session_route)
+        if rec.served and rec.stream and rec.tier is not None and rec.ttft_ms is not None and rec.cache not in HITS:
             samples.setdefault(rec.tier, Samples()).add(rec.prompt - rec.cached, rec.ttft_ms, rec.tpot_ms)
         if window is not None:
             if window[0] <= rec.arrival < window[1]:

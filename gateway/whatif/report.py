@@ -44,6 +44,9 @@ def table(doc: Mapping[str, Any]) -> str:
     for n in names:
         refused = ", ".join(f"{k} {v}" for k, v in doc[n]["refused"].items()) or "none"
         rows.append(f"{n} refused: {refused}")
+    if any(doc[n].get("spilled") or doc[n].get("held_by_session") for n in names):
+        rows.append("spilled / held by a session: " + ", ".join(
+            f"{n} {doc[n].get('spilled', 0)} / {doc[n].get('held_by_session', 0)}" for n in names))
     meta = doc.get("meta", {})
     rows.append(f"window: {meta.get('window', {}).get('sampled', '')}")
     if meta.get("price_only"):

@@ -8,20 +8,87 @@ tier the scenario also chose is sent to the fleet, which decides again whether i
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from collections.abc import Mapping
 
 from gateway.config import GatewayConfig
 from gateway.whatif.decide import HITS
 from gateway.whatif.fleet import Arrival, Fleet
-from gateway.whatif.physics import Fitted, Samples, fit
-from gateway.whatif.records import SHED
+from gateway.whatif.physics import MIN_SAMPLES, Fitted, Samples, fit
+from gateway.whatif.records import SHED, Logged
 from gateway.whatif.replay import RECORDED, Window
 from gateway.whatif.summary import Tally
 
 
-def fitted_physics(config: GatewayConfig, samples: Mapping[str, Samples]) -> dict[str, Fitted]:
-    """Each chat tier of `config`'s routes with its physics fitted from the samples of its name."""
-    return {tier.name: fit(tier, samples.get(tier.name)) for tier in config.routes.tiers if tier.endpoint == "chat"}
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetFit:
+    """What the log's own window says beyond each tier's profile (`fit_fleet`): per tier, the decode step time at
+    batch 1 (`tpot_1`, seconds) and the residuals; under POOLED, all tiers' residuals together."""
+
+    tpot_1: Mapping[str, float]
+    residuals: Mapping[str, tuple[float, ...]]
+
+
+POOLED = ""  # FleetFit.residuals' key of all tiers' residuals together
+NO_FIT = FleetFit({}, {})
+
+
+def fitted_physics(config: GatewayConfig, samples: Mapping[str, Samples],
+                   fleet: FleetFit = NO_FIT) -> dict[str, Fitted]:
+    """Each chat tier of `config`'s routes with its physics fitted from the samples of its name, then `fleet`'s decode
+    speed and residuals (a tier without residuals: all tiers' pooled)."""
+    fitted = {tier.name: fit(tier, samples.get(tier.name)) for tier in config.routes.tiers if tier.endpoint == "chat"}
+    pooled = fleet.residuals.get(POOLED, ())
+    out = {}
+    for name, f in fitted.items():
+        tpot_1 = fleet.tpot_1.get(name)
+        profile = f.profile if tpot_1 is None else dataclasses.replace(f.profile, tpot_1_s=tpot_1)
+        out[name] = dataclasses.replace(f, profile=profile, residuals=fleet.residuals.get(name) or pooled)
+    return out
+
+
+def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Samples]) -> FleetFit:
+    """The window replayed as the log routed it (every request that reached a replica, whole answers too, so the
+    load is the log's) through the fleet of `config` (the routes that produced the log), with no overhead:
+
+    1. each tier's tpot_1 scaled so that the median simulated TPOT of its streamed requests is the median logged
+       one (the fit's tpot_1 is the least loaded requests' TPOT, which still holds some batching the engine adds
+       again);
+    2. then each streamed request's logged TTFT less its simulated one: the tier's residuals."""
+    physics = {name: dataclasses.replace(f, overhead_s=0.0) for name, f in fitted_physics(config, samples).items()}
+    arrivals: list[tuple[Logged, Arrival]] = []
+    for row in window.rows:
+        rec = row.rec
+        if rec.tier in physics and rec.cache not in HITS and (rec.served or rec.status == 499):
+            arrivals.append((rec, Arrival(rec.arrival, rec.tenant, rec.tier, rec.prompt - rec.cached,
+                                          rec.completion, rec.stream)))
+    tpot_1: dict[str, float] = {}
+    for _ in range(2):
+        runs = [(rec, dataclasses.replace(a)) for rec, a in arrivals]
+        Fleet(config.routes, physics).run(a for _, a in runs)
+        ratios: dict[str, list[float]] = {}
+        found: dict[str, list[float]] = {}
+        for rec, arrival in runs:
+            if not (rec.served and rec.stream):
+                continue
+            if rec.tpot_ms is not None and arrival.tpot_ms:
+                ratios.setdefault(arrival.tier, []).append(rec.tpot_ms / arrival.tpot_ms)
+            if rec.ttft_ms is not None and arrival.ttft_ms is not None:
+                found.setdefault(arrival.tier, []).append((rec.ttft_ms - arrival.ttft_ms) / 1000)
+        if tpot_1:
+            break  # the second pass: residuals against the rescaled decode
+        for name, values in ratios.items():
+            if len(values) >= MIN_SAMPLES:
+                profile = physics[name].profile
+                tpot_1[name] = profile.tpot_1_s * statistics.median(values)
+                physics[name] = dataclasses.replace(physics[name],
+                                                    profile=dataclasses.replace(profile, tpot_1_s=tpot_1[name]))
+    residuals = {name: tuple(values) for name, values in found.items() if len(values) >= MIN_SAMPLES}
+    pooled = tuple(v for values in found.values() for v in values)
+    if len(pooled) >= MIN_SAMPLES:
+        residuals[POOLED] = pooled
+    return FleetFit(tpot_1, residuals)
 
 
 def record_window(window: Window, tally: Tally) -> None:
@@ -49,7 +116,7 @@ def simulate_window(name: str, config: GatewayConfig, window: Window, physics: M
             continue  # refused by policy (429, 4xx), or failed upstream as logged: no first token to time
         cached = rec.cached if decision.tier == rec.tier else 0
         arrivals.append(Arrival(rec.arrival, rec.tenant, decision.tier, decision.prompt - cached,
-                                decision.completion))
+                                decision.completion, rec.stream))
     Fleet(config.routes, physics).run(arrivals)
     for request in arrivals:
         if request.shed is not None:

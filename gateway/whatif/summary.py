@@ -40,6 +40,14 @@ class Tally:
     window_requests: int = 0
     overall_ttft: QuantileSketch = field(default_factory=QuantileSketch)
     exhausted: dict[tuple[str, str], float] = field(default_factory=dict)  # (tenant, day) -> budget used up at
+    moved: Counter[str] = field(default_factory=Counter)  # requests spill moved ("spilled"), a session held ("held")
+
+    def routed(self, spilled_from: str | None, session_route: str | None) -> None:
+        """Count what spill and sessions did to a request's tier."""
+        if spilled_from is not None:
+            self.moved["spilled"] += 1
+        if session_route == "held":
+            self.moved["held"] += 1
 
     def add(self, tenant: str, tier: str | None, refused: str | None, cost: float, hour: int, day: str,
             hit: bool) -> None:
@@ -68,6 +76,7 @@ class Tally:
             "refused": dict(sorted((self.refused + self.shed).items())),
             "refused_in_window": dict(sorted(self.shed.items())),
             "cache_hits": self.cache_hits,
+            "spilled": self.moved["spilled"], "held_by_session": self.moved["held"],
             **_quantiles(self.overall_ttft),
             "window_requests": self.window_requests,
             "budgets_exhausted": {f"{tenant} {day}": at for (tenant, day), at in sorted(self.exhausted.items())},

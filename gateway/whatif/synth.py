@@ -46,8 +46,14 @@ def replayable(line: bytes, n: int) -> bytes:
         return line
     conversation = n // 3  # three turns a conversation
     key = blake2b(f"{obj['tenant']}:{conversation}".encode(), digest_size=8).digest()
+    turn = n % 3
+
+    def turn_key(k: int) -> str:
+        return blake2b(f"{obj['tenant']}:{conversation}:{k}".encode(), digest_size=16).hexdigest()
+
     obj.update({
-        "path": "/v1/chat/completions", "replay": 1,
+        "path": "/v1/chat/completions", "replay": 2,
+        "turn_keys": {"parent": turn_key(turn - 1) if turn else None, "current": turn_key(turn)},
         "conversation": blake2b(key, digest_size=16).hexdigest(),
         "sticky": {"conversation": int.from_bytes(key, "little"), "user": None},
         "reading": {"input_tokens": obj["prompt_tokens"], "input_chars": 4 * obj["prompt_tokens"], "outputs": 1,

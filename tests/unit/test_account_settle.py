@@ -35,7 +35,8 @@ KEYS = [
     "attempts", "prefix_blocks", "output_capped", "finish_reason",
     "cache", "cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd", "ttft_slo_ms", "resumed", "parts",
     "session", "session_route", "experiment", "arm",
-    "arm_control", "replay", "arrival_s", "quality_predicted", "conversation", "sticky", "reading", "decode_tps",
+    "arm_control", "replay", "arrival_s", "quality_predicted", "conversation", "sticky", "turn_keys", "reading",
+    "decode_tps",
     "event", "level",
 ]  # the order the structlog call wrote them in, which readers of the file may rely on
 FIELDS: dict[str, Any] = {
@@ -71,8 +72,8 @@ def logged() -> Iterator[tuple[Sink, BatchedStream]]:
 def served(tier_name: str, prompt: int = 1000, completion: int = 500, cached: int = 0) -> RequestContext:
     ctx = request_context(CONFIG, {"model": tier_name, "messages": [{"role": "user", "content": "hi"}]})
     ctx.tenant = next(iter(CONFIG.tenants_by_key_hash.values()))
-    ctx.tier = CONFIG.tiers[tier_name]
-    ctx.replica = ctx.tier.replicas[0]
+    ctx.route.tier = CONFIG.tiers[tier_name]
+    ctx.replica = ctx.route.tier.replicas[0]
     ctx.upstream_started, ctx.status, ctx.usage_source = True, 200, "backend"
     ctx.prompt_tokens, ctx.completion_tokens, ctx.cached_tokens = prompt, completion, cached
     ctx.first_token_at = ctx.started + 0.01

@@ -63,13 +63,55 @@ def test_bands_decide_the_tier_and_the_candidate_prices_it() -> None:
     assert easy.cost == pytest.approx(100e-6 + 100e-6) and hard.cost == pytest.approx(1000e-6 + 1000e-6)
 
 
-def test_a_session_only_moves_up() -> None:
+def turn(n: int, parent: str | None, current: str, **over: Any) -> Logged:
+    return line(n, turn_keys={"parent": parent, "current": current}, replay=2, **over)
+
+
+def test_a_session_follows_the_conversation_and_only_moves_up() -> None:
     decider = Decider(config(sessions={"ttl_s": 60}))
-    first = decider.decide(line(0, difficulty=0.9, conversation="same"))
-    second = decider.decide(line(1, difficulty=0.1, conversation="same"))
-    assert (first.tier, second.tier, second.session_route) == ("large", "large", "held")
-    later = decider.decide(line(100, difficulty=0.1, conversation="same"))  # the TTL ran out
+    first = decider.decide(turn(0, None, "t1", difficulty=0.9))
+    second = decider.decide(turn(1, "t1", "t2", difficulty=0.1))  # follows the reply to turn 1
+    assert (first.tier, first.session_route, second.tier, second.session_route) == ("large", "new", "large", "held")
+    alike = decider.decide(turn(2, None, "t1", difficulty=0.1))  # a new chat that opens alike inherits nothing
+    assert (alike.tier, alike.session_route) == ("small", "new")
+    later = decider.decide(turn(100, "t2", "t3", difficulty=0.1))  # the TTL ran out
     assert (later.tier, later.session_route) == ("small", "new")
+    old = decider.decide(line(101, difficulty=0.1))  # a line without turn_keys holds no session
+    assert (old.tier, old.session_route) == ("small", None)
+
+
+def test_turn_keys_are_the_session_steps_keys() -> None:
+    from gateway.context import RequestContext
+    from gateway.reading import read
+    from gateway.routing.sessions import conversation_keys
+    from gateway.whatif.logline import _turn_keys
+
+    first = {"model": "auto", "messages": [{"role": "system", "content": "be brief"},
+                                           {"role": "user", "content": "hi"}]}
+    second = {"model": "auto", "messages": [*first["messages"], {"role": "assistant", "content": "hello"},
+                                            {"role": "user", "content": "and?"}]}
+    keys = []
+    for body in (first, second):
+        ctx = RequestContext.__new__(RequestContext)
+        ctx.session_header, ctx.reading = None, read("chat", body)
+        keys.append((_turn_keys("t", ctx), conversation_keys("t", ctx.reading)))
+    (one, server_one), (two, server_two) = keys
+    assert one is not None and two is not None
+    assert one["parent"] is None and one["current"] == server_one.current()
+    assert two["parent"] == one["current"] and two["current"] == server_two.current()
+    assert server_two.lookup == server_one.answered("hello")  # the server links the same two turns
+
+
+def test_spill_moves_a_turn_off_a_tier_the_log_shows_loaded() -> None:
+    decider = Decider(config(spill={"ttft_slo_ms": 500}))
+    decider.decide(line(0, difficulty=0.9, tier="large", predicted_ttft_ms=900.0))  # large forecast over the SLO
+    hard = decider.decide(line(1, difficulty=0.9))
+    assert (hard.tier, hard.spilled_from) == ("small", "large")
+    idle = decider.decide(line(10, difficulty=0.9))  # the forecast is stale: large is taken as idle
+    assert (idle.tier, idle.spilled_from) == ("large", None)
+    spilled = line(20, difficulty=0.9, tier="small", spilled_from="large",
+                   spill={"from": {"tier": "large", "ttft_ms": 800.0}, "to": {"tier": "small", "ttft_ms": 30.0}})
+    assert decider.decide(spilled).tier == "small"  # the logged spill's own forecasts
 
 
 def test_max_tokens_cuts_the_output_and_reject_refuses() -> None:
@@ -127,6 +169,41 @@ def test_the_fleet_queues_when_the_replica_is_busy_and_sheds_past_the_queue() ->
     assert first.ttft_ms is not None and second.ttft_ms is not None and first.ttft_ms < second.ttft_ms < 3 * alone  # the next step's batch
     assert queued.ttft_ms is not None and queued.ttft_ms > 19 * profile.tpot_1_s * 1000  # waited for a slot
     assert shed.shed == "queue_full" and shed.ttft_ms is None
+
+
+def test_a_whole_answer_is_timed_at_its_last_token() -> None:
+    fleet = Fleet(config().routes, {"small": Fitted(PROFILES["int4"], 0.0, 0, "int4")})
+    streamed, whole = Arrival(0.0, "t", "small", 100, 20), Arrival(0.0, "t", "small", 100, 20, stream=False)
+    fleet.run([streamed, whole])
+    assert streamed.ttft_ms is not None and whole.ttft_ms is not None
+    assert whole.ttft_ms > streamed.ttft_ms + 15 * PROFILES["int4"].tpot_1_s * 1000  # 19 more decode steps
+
+
+def test_the_fleet_fit_takes_decode_speed_and_residuals_from_the_log() -> None:
+    from gateway.whatif.replay import Row, Window
+    from gateway.whatif.simulate import POOLED, fit_fleet, fitted_physics, simulate_window
+    from gateway.whatif.summary import Tally
+
+    cfg = gateway_config([tier("small", ["http://127.0.0.1:9/v1"], precision="int4")],
+                         policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]})
+    # one request a second (no batching): 20 % slower decode than the profile, 10-30 ms beyond the physics
+    rows, samples = [], {"small": Samples()}
+    for n in range(60):
+        ttft = 100 / 9000 * 1000 + 6.5 + 10 + n % 3 * 10
+        rec = line(n, ttft_ms=ttft, tpot_ms=7.8, completion_tokens=20)
+        rows.append(Row(rec, {}))
+        samples["small"].add(100, ttft, 7.8)
+    window = Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+    fit = fit_fleet(cfg, window, samples)
+    assert fit.tpot_1["small"] == pytest.approx(0.0078, rel=0.05)
+    assert len(fit.residuals["small"]) == 60 and fit.residuals[POOLED] == fit.residuals["small"]
+    spread = sorted(fit.residuals["small"])
+    assert spread[-1] - spread[0] == pytest.approx(0.020, abs=0.002)  # the spread is kept, not only the floor
+    tally = Tally()
+    rows = [Row(r.rec, {"baseline": Decider(cfg).decide(r.rec)}) for r in rows]
+    simulate_window("baseline", cfg, Window(window.start, window.end, rows), fitted_physics(cfg, samples, fit), tally)
+    p50 = tally.ttft["small"].quantile(0.5)
+    assert p50 is not None and p50 == pytest.approx(100 / 9000 * 1000 + 6.5 + 20, rel=0.1)
 
 
 def test_calibration_errors_are_relative_and_in_points() -> None:
