@@ -58,10 +58,10 @@ def main() -> None:
     ctx = request_context(config, {"model": "t", "messages": [{"role": "user", "content": "hi"}]})
     ctx.body = orjson.loads(ctx.raw_body)
     ctx.tenant = next(iter(config.tenants_by_key_hash.values()))
-    ctx.tier = config.tiers["t"]
+    ctx.route.tier = config.tiers["t"]
     pool = ReplicaPool()
     pool.configure(config.routes)
-    held = Lease(pool, ctx.tier.replicas[0], ctx.tier, 10, 0, config.routes.balancing)
+    held = Lease(pool, ctx.route.tier.replicas[0], ctx.route.tier, 10, 0, config.routes.balancing)
     resumes = StreamResumes(None, pool, GatewayMetrics(), lambda c: None, TokenCounters())  # type: ignore[arg-type]
 
     rows: dict[str, list[float]] = {k: [] for k in ("chunk plain", "chunk kept", "resumer")}

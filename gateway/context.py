@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.config import GatewayConfig, Replica, TenantPolicy, Tier
+from gateway.config import GatewayConfig, Replica, TenantPolicy
 from gateway.config.tenants import Assignment
-from gateway.routing.quality import QualityChoice
+from gateway.routing.decision import RouteDecision
 from gateway.reading import CHARS_PER_TOKEN, Reading
 from gateway.tokens import prompt_text
 from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
 
 if TYPE_CHECKING:
     from gateway.routing.escalate import Escalation
-    from gateway.routing.spill_decision import SpillChoice
 
 
 class Trace(Protocol):
@@ -53,21 +52,8 @@ class RequestContext:
     max_tokens: int | None = None
     max_tokens_asked: int | None = None  # what the client asked when the policy clamped it (None: not clamped)
 
-    difficulty: float | None = None  # the classifier's score, for model 'auto'
-    quality: Mapping[str, float] | None = None  # the quality predictor's score per measured model, for model 'auto'
-    quality_choice: QualityChoice | None = None  # the tier quality_floor chose, the options and why (route)
-    route_reason: str | None = None  # why model 'auto' went to its tier (route)
-    tier: Tier | None = None
-    candidates: tuple[Replica, ...] = ()
-    explored: Replica | None = None  # the replica exploration put first (gateway.routing.ranking)
+    route: RouteDecision = field(default_factory=RouteDecision)  # tier, replicas and why (gateway.routing)
     prompt_tokens_est: int = 0  # the prompt's length in tokens, guessed from its characters (for routing)
-    prefix_blocks: int = 0  # blocks of the prompt's prefix known to be warm on the chosen replica
-    prefix_replica: str | None = None  # the replica holding that prefix
-    prefix_tokens: int = 0  # ... and its length in tokens
-    predicted_ttft_s: float | None = None  # the chosen replica's predicted TTFT at admission
-    brownout_from: str | None = None  # the saturated tier this request was moved away from
-    rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (gateway.routing.detour)
-    spill: SpillChoice | None = None  # the spill step's decision, when the tenant's policy spills (gateway.routing.spill)
     escalation: Escalation | None = None  # the first part of an escalated answer (gateway.routing.escalate)
     held_logprobs: list[float] | None = None  # a held stream's tokens' log-probabilities so far (escalate.hold_tokens)
     replica: Replica | None = None
@@ -88,9 +74,6 @@ class RequestContext:
     keep_text: bool = False  # collect a streamed answer's text (a shadow comparison needs it)
     resumed_parts: list[Any] = field(default_factory=list)  # a resumed stream's parts (gateway.upstream.resume)
     session_header: str | None = None  # the client's x-session-id (the edge)
-    session: str | None = None  # the sticky-tier session the request belongs to (gateway.routing.session)
-    session_route: str | None = None  # new, kept, upgraded, or held (the session's tier served, not the routed one)
-    session_from: str | None = None  # when held: the tier the turn was routed to
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None

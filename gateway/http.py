@@ -178,24 +178,24 @@ async def _write_behind(
 
 def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     headers = {"x-request-id": ctx.request_id}
-    if ctx.tier is not None:
-        headers["x-gateway-tier"] = ctx.tier.name
-    if ctx.rerouted_from is not None:
-        headers["x-gateway-rerouted-from"] = ctx.rerouted_from
-    if ctx.spill is not None and (spilled := ctx.spill.spilled_from) is not None:
+    if ctx.route.tier is not None:
+        headers["x-gateway-tier"] = ctx.route.tier.name
+    if ctx.route.rerouted_from is not None:
+        headers["x-gateway-rerouted-from"] = ctx.route.rerouted_from
+    if ctx.route.spill is not None and (spilled := ctx.route.spill.spilled_from) is not None:
         headers["x-gateway-spilled-from"] = spilled
     if ctx.escalation is not None and ctx.escalation.outcome == "escalated":
         headers["x-gateway-escalated-from"] = ctx.escalation.from_tier.name
     if ctx.replica is not None:
         headers["x-gateway-backend"] = ctx.replica.name
-    if ctx.session_route is not None:  # held: the session's tier served, not the lower one routed (issue 32)
-        headers["x-gateway-session"] = ctx.session_route if ctx.session_from is None else f"held from {ctx.session_from}"
-    if ctx.difficulty is not None:
-        headers["x-gateway-difficulty"] = f"{ctx.difficulty:.4f}"
-    if ctx.quality_choice is not None:
-        headers["x-gateway-quality"] = ",".join(f"{o.tier}={o.quality:.4f}" for o in ctx.quality_choice.options)
-    if ctx.route_reason is not None:
-        headers["x-gateway-route-reason"] = ctx.route_reason
+    if ctx.route.session_route is not None:  # held: the session's tier served, not the lower one routed (issue 32)
+        headers["x-gateway-session"] = ctx.route.session_route if ctx.route.session_from is None else f"held from {ctx.route.session_from}"
+    if ctx.route.difficulty is not None:
+        headers["x-gateway-difficulty"] = f"{ctx.route.difficulty:.4f}"
+    if ctx.route.quality_choice is not None:
+        headers["x-gateway-quality"] = ",".join(f"{o.tier}={o.quality:.4f}" for o in ctx.route.quality_choice.options)
+    if ctx.route.route_reason is not None:
+        headers["x-gateway-route-reason"] = ctx.route.route_reason
     if ctx.assignment is not None:
         headers["x-gateway-arm"] = ctx.assignment.header
     if ctx.max_tokens_asked is not None:

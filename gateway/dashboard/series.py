@@ -35,7 +35,7 @@ class OutcomeSeries:
         self._difficulty = self.difficulty.labels()  # the one series of a metric without labels
 
     def observe(self, ctx: RequestContext, good: bool, saved_usd: float) -> None:
-        tier = ctx.tier.name if ctx.tier is not None else "none"
+        tier = ctx.route.tier.name if ctx.route.tier is not None else "none"
         key = (tier, ctx.tenant_name, ctx.cache, good)
         children = self._children.get(key)
         if children is None:  # labels() builds a key: once per combination
@@ -49,5 +49,5 @@ class OutcomeSeries:
             cost.inc(ctx.cost_usd)
         if saved_usd > 0:  # a counter only goes up: a request dearer than the baseline saves nothing
             saved.inc(saved_usd)
-        if ctx.difficulty is not None:
-            self._difficulty.observe(ctx.difficulty)
+        if ctx.route.difficulty is not None:
+            self._difficulty.observe(ctx.route.difficulty)

@@ -100,7 +100,7 @@ class LiveWindow:
         index = int(now // SLOT_S)
         slots = self.slots
         slot = slots[-1] if slots and slots[-1].index == index else self._open(index)
-        name = ctx.tier.name if ctx.tier is not None else "none"
+        name = ctx.route.tier.name if ctx.route.tier is not None else "none"
         tier = slot.tiers.get(name)
         if tier is None:
             tier = slot.tiers[name] = TierSlot()
@@ -114,10 +114,10 @@ class LiveWindow:
         if ctx.status in (429, 503):
             slot.refusals[ctx.error or "overloaded"] += 1
         slot.cache[ctx.cache] += 1
-        if ctx.spill is not None and ctx.spill.target is not None:
-            slot.spills[f"{ctx.spill.chosen.tier.name}->{ctx.spill.tier.name}"] += 1
-        if ctx.difficulty is not None:
-            slot.difficulty[min(DIFFICULTY_BINS - 1, int(ctx.difficulty * DIFFICULTY_BINS))] += 1
+        if ctx.route.spill is not None and ctx.route.spill.target is not None:
+            slot.spills[f"{ctx.route.spill.chosen.tier.name}->{ctx.route.spill.tier.name}"] += 1
+        if ctx.route.difficulty is not None:
+            slot.difficulty[min(DIFFICULTY_BINS - 1, int(ctx.route.difficulty * DIFFICULTY_BINS))] += 1
         self._book(ctx.tenant_name, now, ctx.cost_usd, saved_usd)
 
     def _open(self, index: int) -> Slot:

@@ -59,7 +59,7 @@ class OwnerRecorder:
             return
         arm = ctx.assignment
         key = (ctx.tenant.name, arm.experiment if arm else None, arm.arm if arm else None,
-               ctx.tier.name if ctx.tier else None)
+               ctx.route.tier.name if ctx.route.tier else None)
         owner = self._known.get(key)
         if owner is None:  # a few per config (tenants x arms x tiers): each made once
             if len(self._known) >= MAX_KNOWN_OWNERS:
@@ -78,7 +78,7 @@ class ShadowTap:
         self.sender = sender
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        tenant, tier = ctx.tenant, ctx.tier
+        tenant, tier = ctx.tenant, ctx.route.tier
         if tenant is None or tenant.shadow is None or tier is None or tier.endpoint != "chat":
             return None
         rule = self.sender.sample(tenant, tier.name)
@@ -89,7 +89,7 @@ class ShadowTap:
         return None
 
     def _submit(self, ctx: RequestContext) -> None:
-        tenant, tier = ctx.tenant, ctx.tier
+        tenant, tier = ctx.tenant, ctx.route.tier
         rule = tenant.shadow if tenant is not None else None
         complete = ctx.status == 200 and ctx.outcome == "ok" and ctx.upstream_started and ctx.error is None
         if rule is None or tier is None or tier.name != rule.from_tier or not complete or ctx.response_text is None:
@@ -131,13 +131,13 @@ class GatewaySend:
             return ShadowReply("", 404)
         ctx = RequestContext(f"shadow-{next(_SHADOW_IDS)}", "chat" if "messages" in body else "completions", config,
                              b"", None, time.perf_counter(), time.time())
-        ctx.body, ctx.model_requested, ctx.tier = body, tier_name, tier
+        ctx.body, ctx.model_requested = body, tier_name
         ctx.reading = read(ctx.endpoint, body)
         max_tokens = body.get("max_tokens")
         ctx.max_tokens = max_tokens if isinstance(max_tokens, int) else None
         ctx.prompt_tokens_est = ctx.input_tokens_est()
-        ctx.candidates = self._pool.rank(tier, ctx.prompt_tokens_est, config.routes.balancing)
-        gate = self._admission.gate(ctx, tier) if config.routes.admission.enabled and ctx.candidates else None
+        ctx.route.pinned(tier, self._pool.rank(tier, ctx.prompt_tokens_est, config.routes.balancing))
+        gate = self._admission.gate(ctx, tier) if config.routes.admission.enabled and ctx.route.candidates else None
         if gate is not None and not gate.has_room():
             return ShadowReply("", SKIPPED_BUSY)  # never queue behind (or ahead of) a client
         permit = await gate.acquire("shadow", "batch", 0.0) if gate is not None else None

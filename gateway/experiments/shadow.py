@@ -4,7 +4,7 @@ two answers, and keep the pairs (a bounded Redis stream per tenant and a JSONL f
     sender = ShadowSender(send, AgreementScorer(embedder), PairStore(guard, Path("shadow.jsonl")),
                           pressure=lambda: admission.under_pressure())
     sender.start()                                        # in the app's cleanup_ctx; `await sender.aclose()`
-    rule = sender.sample(ctx.tenant, ctx.tier.name)       # at routing: keep the answer's text if not None
+    rule = sender.sample(ctx.tenant, ctx.route.tier.name)       # at routing: keep the answer's text if not None
     sender.submit(ShadowJob(...))                         # when the answer is complete (a finisher)
 
 `submit` never blocks and never raises: a job is dropped when admission is under pressure (checked again

@@ -21,7 +21,7 @@ FINISHED = frozenset({"response.completed", "response.incomplete"})
 
 def is_native(ctx: RequestContext) -> bool:
     """Whether this request goes to its tier in its own protocol (a cache hit is a chat answer: translated)."""
-    return (ctx.wire is not None and ctx.tier is not None and ctx.wire.name in ctx.tier.native
+    return (ctx.wire is not None and ctx.route.tier is not None and ctx.wire.name in ctx.route.tier.native
             and ctx.cache not in ("hit", "semantic_hit"))
 
 

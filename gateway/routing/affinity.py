@@ -35,7 +35,7 @@ class AffinityStage:
         self._writes = writes
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        if self._store is None or ctx.tier is None:
+        if self._store is None or ctx.route.tier is None:
             return None
         await self.dry(ctx)
         ctx.finishers.append(self.remember)
@@ -43,11 +43,11 @@ class AffinityStage:
 
     async def dry(self, ctx: RequestContext) -> None:
         """The lookup alone (it records nothing)."""
-        if ctx.tier is None:
+        if ctx.route.tier is None:
             return
-        warm = await self.lookup(ctx, ctx.tier)
+        warm = await self.lookup(ctx, ctx.route.tier)
         if warm is not None:
-            ctx.prefix_replica, ctx.prefix_blocks, ctx.prefix_tokens = warm
+            ctx.route.prefix_replica, ctx.route.prefix_blocks, ctx.route.prefix_tokens = warm
 
     async def lookup(self, ctx: RequestContext, tier: Tier) -> Warm | None:
         """The replica of `tier` holding the prompt's longest prefix (None: none known, or no Redis)."""
@@ -63,8 +63,8 @@ class AffinityStage:
         """After a good answer: this replica now holds the prompt's prefix."""
         if self._store is None or self._writes is None:
             return
-        if ctx.outcome == "ok" and ctx.upstream_started and ctx.tier and ctx.replica and len(ctx.tier.replicas) > 1:
-            self._writes.spawn(self._store.record(ctx.tier.name, _scope(ctx), ctx.prompt_text(), ctx.replica.name))
+        if ctx.outcome == "ok" and ctx.upstream_started and ctx.route.tier and ctx.replica and len(ctx.route.tier.replicas) > 1:
+            self._writes.spawn(self._store.record(ctx.route.tier.name, _scope(ctx), ctx.prompt_text(), ctx.replica.name))
 
 
 def _scope(ctx: RequestContext) -> str:

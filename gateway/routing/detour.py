@@ -55,13 +55,13 @@ class DetourStage:
         self._decide(ctx, dry=True)
 
     def _decide(self, ctx: RequestContext, dry: bool) -> None:
-        down = ctx.tier
+        down = ctx.route.tier
         if down is None or ctx.model_requested != AUTO_MODEL or down.endpoint != "chat" \
                 or self._pool.has_available(down) or (ctx.tenant is not None and not ctx.tenant.detour):
             return
         target = nearest_healthy(ctx.config.routes.tiers, down, ctx.tenant, ctx.max_tokens, self._pool.has_available)
         if target is None:
             return
-        ctx.tier, ctx.rerouted_from = target, down.name
+        ctx.route.tier, ctx.route.rerouted_from = target, down.name
         if not dry:
             log.warning("tier_down_rerouted", request_id=ctx.request_id, from_tier=down.name, to_tier=target.name)

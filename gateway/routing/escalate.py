@@ -50,7 +50,7 @@ def armed(ctx: RequestContext) -> Escalate | None:
     one output (not n > 1, best_of, prompt lists), no tools or functions offered, chat or completions on a tier
     not serving the protocol natively, not escalated already, and a tier above it the tenant may use."""
     tenant, reading = ctx.tenant, ctx.reading
-    if tenant is None or tenant.escalate is None or reading is None or ctx.tier is None:
+    if tenant is None or tenant.escalate is None or reading is None or ctx.route.tier is None:
         return None
     if ctx.stream and tenant.escalate.hold_tokens is None:
         return None
@@ -63,7 +63,7 @@ def armed(ctx: RequestContext) -> Escalate | None:
 
 def next_tier(ctx: RequestContext) -> Tier | None:
     """The first tier after the request's in routes order serving its endpoint that the tenant may use."""
-    tiers, tier = ctx.config.routes.tiers, ctx.tier
+    tiers, tier = ctx.config.routes.tiers, ctx.route.tier
     if tier is None or tier not in tiers:
         return None
     for later in tiers[tiers.index(tier) + 1:]:
@@ -156,7 +156,7 @@ def log_fields(ctx: RequestContext, day: date, served_cost: float) -> dict[str, 
         report["hold_tokens"] = first.rule.hold_tokens
     if first.outcome == "escalated":
         report["parts"] = [part, {
-            "tier": ctx.tier.name if ctx.tier else None, "replica": ctx.replica.name if ctx.replica else None,
+            "tier": ctx.route.tier.name if ctx.route.tier else None, "replica": ctx.replica.name if ctx.replica else None,
             "prompt_tokens": ctx.prompt_tokens or 0, "completion_tokens": ctx.completion_tokens or 0,
             "cost_usd": served_cost}]
     return {"escalated_from": first.from_tier.name if first.outcome == "escalated" else None, "escalation": report}

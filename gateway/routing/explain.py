@@ -76,7 +76,7 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
         reading = apply_limits(ctx, tenant)
         report["limits"] = _limits(tenant, asked, ctx.max_tokens, reading)
         await ClassifyStage(scorer, predictor)(ctx)
-        report["difficulty"] = ctx.difficulty
+        report["difficulty"] = ctx.route.difficulty
         report["bands"] = [band.model_dump() for band in tenant.routing.bands] if tenant.routing else None
         for step in steps if steps is not None else file_steps(pool):
             await step.dry(ctx)
@@ -85,21 +85,21 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
     except GatewayError as err:
         report["decision"] = {"status": err.status, "error": err.message, "param": err.param}
         return report
-    assert ctx.tier is not None
+    assert ctx.route.tier is not None
     report["quality"] = _quality(ctx, tenant, predictor)
-    report["route_reason"] = ctx.route_reason
-    report["tier"] = ctx.tier.name
-    if ctx.rerouted_from is not None:
-        report["rerouted_from"] = ctx.rerouted_from
-    if ctx.spill is not None:  # what spill would do at the current load (from the files: an idle fleet)
-        report["spill"] = ctx.spill.report()
-    report["candidates"] = [_candidate(pool, ctx, r, live) for r in ctx.candidates]
+    report["route_reason"] = ctx.route.route_reason
+    report["tier"] = ctx.route.tier.name
+    if ctx.route.rerouted_from is not None:
+        report["rerouted_from"] = ctx.route.rerouted_from
+    if ctx.route.spill is not None:  # what spill would do at the current load (from the files: an idle fleet)
+        report["spill"] = ctx.route.spill.report()
+    report["candidates"] = [_candidate(pool, ctx, r, live) for r in ctx.route.candidates]
     report["cache"] = await _cache(ctx, tenant, responses)
-    if ctx.candidates or not ctx.tier.replicas:
-        report["decision"] = {"status": 200, "tier": ctx.tier.name,
-                              "replica": ctx.candidates[0].name if ctx.candidates else None}
+    if ctx.route.candidates or not ctx.route.tier.replicas:
+        report["decision"] = {"status": 200, "tier": ctx.route.tier.name,
+                              "replica": ctx.route.candidates[0].name if ctx.route.candidates else None}
     else:  # as the proxy would answer
-        report["decision"] = {"status": 503, "param": None, "error": f"no replica of tier {ctx.tier.name!r} is "
+        report["decision"] = {"status": 503, "param": None, "error": f"no replica of tier {ctx.route.tier.name!r} is "
                               "available (circuit open or failing health checks)"}
     return report
 
@@ -107,18 +107,18 @@ async def explain(config: GatewayConfig, tenant_name: str, body: dict[str, Any],
 def _session(step: SessionStage, ctx: RequestContext) -> dict[str, Any] | None:
     """What the session did to this turn (None: sessions do not apply to the request)."""
     tenant = ctx.tenant
-    if tenant is None or tenant.sessions is None or not step.applies(ctx) and ctx.session_route is None:
+    if tenant is None or tenant.sessions is None or not step.applies(ctx) and ctx.route.session_route is None:
         return None
     ttl_s = tenant.sessions.ttl_s
     if step.store is None:
         return {"id": None, "holds": None, "ttl_s": ttl_s,
                 "effect": "not checked (no session store: give gateway route explain --url or --redis URL)"}
-    route, tier = ctx.session_route, ctx.tier.name if ctx.tier is not None else None
+    route, tier = ctx.route.session_route, ctx.route.tier.name if ctx.route.tier is not None else None
     effect = {"new": "new session: its tier would be the routed one (a first turn inherits nothing without an "
                      "x-session-id)",
               "kept": "kept", "upgraded": "the routed tier would serve (an upgrade)",
-              "held": f"held: the session's tier {tier} would serve, not the routed {ctx.session_from}"}
-    return {"id": ctx.session, "holds": None if route == "new" else tier, "ttl_s": ttl_s,
+              "held": f"held: the session's tier {tier} would serve, not the routed {ctx.route.session_from}"}
+    return {"id": ctx.route.session, "holds": None if route == "new" else tier, "ttl_s": ttl_s,
             "effect": effect.get(route or "", "none")}
 
 
@@ -141,9 +141,9 @@ def _quality(ctx: RequestContext, tenant: TenantPolicy, predictor: QualityPredic
     (None when the floor does not apply: the tenant has none, or the request names its tier)."""
     if tenant.quality_floor is None or ctx.model_requested != AUTO_MODEL or ctx.endpoint == "embeddings":
         return None
-    choice = ctx.quality_choice
+    choice = ctx.route.quality_choice
     report: dict[str, Any] = {"floor": tenant.quality_floor, "predictor": predictor is not None,
-                              "predicted": ctx.quality is not None}
+                              "predicted": ctx.route.quality is not None}
     if choice is not None:
         report["tiers"] = [{"tier": o.tier, "quality": round(o.quality, 4), "price_usd": o.price_usd}
                            for o in choice.options]
@@ -152,11 +152,11 @@ def _quality(ctx: RequestContext, tenant: TenantPolicy, predictor: QualityPredic
 
 
 async def _cache(ctx: RequestContext, tenant: TenantPolicy, responses: ResponseCache | None) -> dict[str, Any]:
-    assert ctx.tier is not None and ctx.reading is not None
+    assert ctx.route.tier is not None and ctx.reading is not None
     why = uncached_reasons(ctx.reading, tenant.cache)
     if why:
         return {"status": "bypass", "why": why}
-    key = response_key(scope_of(tenant.name, tenant.cache), ctx.tier.name, ctx.reading)
+    key = response_key(scope_of(tenant.name, tenant.cache), ctx.route.tier.name, ctx.reading)
     if responses is None:
         return {"status": "not checked (no Redis)", "key": key}
     return {"status": "hit" if await responses.get(key) else "miss", "key": key}
@@ -164,9 +164,9 @@ async def _cache(ctx: RequestContext, tenant: TenantPolicy, responses: ResponseC
 
 def _candidate(pool: ReplicaPool, ctx: RequestContext, replica: Replica, live: bool) -> dict[str, Any]:
     """One replica as the ranking saw it (health and load: None when not live, only known to a serving gateway)."""
-    assert ctx.tier is not None
-    state = pool.state(replica, ctx.tier)
-    predicted = pool.predict(ctx.tier, replica, ctx.prompt_tokens_est)
+    assert ctx.route.tier is not None
+    state = pool.state(replica, ctx.route.tier)
+    predicted = pool.predict(ctx.route.tier, replica, ctx.prompt_tokens_est)
     return {"replica": replica.name, "url": redact_url(replica.url), "in_flight": state.in_flight if live else None,
             "predicted_ttft_ms": round(predicted * 1000, 3), "circuit": state.breaker.state if live else None,
             "healthy": state.healthy if live else None, "recent_failures": state.failures if live else None}

@@ -32,10 +32,10 @@ class Choice(NamedTuple):
     explored: Replica | None = None  # the replica exploration put first
 
     def apply(self, ctx: RequestContext) -> None:
-        ctx.candidates = self.replicas
-        ctx.prefix_replica, ctx.prefix_blocks, ctx.prefix_tokens = (
+        ctx.route.candidates = self.replicas
+        ctx.route.prefix_replica, ctx.route.prefix_blocks, ctx.route.prefix_tokens = (
             self.prefix_replica, self.prefix_blocks, self.prefix_tokens)
-        ctx.explored = self.explored
+        ctx.route.explored = self.explored
 
 
 def ranked(pool: ReplicaPool, tier: Tier, tokens: int, balancing: Balancing, warm: Warm | None,
@@ -61,22 +61,22 @@ class RankStage:
         self._affinity = affinity or AffinityStage()
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        if ctx.tier is not None:
-            self._here(ctx, ctx.tier, dry=False).apply(ctx)
+        if ctx.route.tier is not None:
+            self._here(ctx, ctx.route.tier, dry=False).apply(ctx)
         return None
 
     async def dry(self, ctx: RequestContext) -> None:
-        if ctx.tier is not None:
-            self._here(ctx, ctx.tier, dry=True).apply(ctx)
+        if ctx.route.tier is not None:
+            self._here(ctx, ctx.route.tier, dry=True).apply(ctx)
 
     async def choose(self, ctx: RequestContext, tier: Tier) -> Choice:
         """The replicas of `tier` ranked for this request now: again on its tier (after a queue wait: the prefix
         looked up before, the replica exploration chose kept first), or on another (its own lookup)."""
-        if tier is ctx.tier:
+        if tier is ctx.route.tier:
             return self._here(ctx, tier, dry=False)
         warm = await self._affinity.lookup(ctx, tier)
         return ranked(self._pool, tier, ctx.prompt_tokens_est, ctx.config.routes.balancing, warm)
 
     def _here(self, ctx: RequestContext, tier: Tier, dry: bool) -> Choice:
-        warm = None if ctx.prefix_replica is None else Warm(ctx.prefix_replica, ctx.prefix_blocks, ctx.prefix_tokens)
-        return ranked(self._pool, tier, ctx.prompt_tokens_est, ctx.config.routes.balancing, warm, ctx.explored, dry)
+        warm = None if ctx.route.prefix_replica is None else Warm(ctx.route.prefix_replica, ctx.route.prefix_blocks, ctx.route.prefix_tokens)
+        return ranked(self._pool, tier, ctx.prompt_tokens_est, ctx.config.routes.balancing, warm, ctx.route.explored, dry)

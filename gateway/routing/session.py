@@ -1,7 +1,7 @@
 """Session: after route, a conversation keeps the tier its turns were served at, moving only up (issues 32, 38).
 
 For model 'auto' under a tenant policy with `sessions` (a TTL), a turn is served by the tier its session holds
-when that is above the routed one (`ctx.session_route` "held", and the route reason says so), else by its own
+when that is above the routed one (`ctx.route.session_route` "held", and the route reason says so), else by its own
 (new, kept, upgraded). The session is the one its x-session-id names, else the conversation so far
 (gateway.routing.sessions: a first turn inherits nothing; a later turn is found by the conversation through the
 last assistant reply, which the previous turn recorded with its answer). A tier the tenant may no longer use,
@@ -75,7 +75,7 @@ class SessionStage:
         await self._decide(ctx, dry=True)
 
     def applies(self, ctx: RequestContext) -> bool:
-        tenant, tier = ctx.tenant, ctx.tier
+        tenant, tier = ctx.tenant, ctx.route.tier
         return tenant is not None and tenant.sessions is not None and tier is not None \
             and ctx.model_requested == AUTO_MODEL and tier.endpoint == "chat" and ctx.reading is not None
 
@@ -87,7 +87,7 @@ class SessionStage:
         store = self._store
         if store is None or not self.applies(ctx):
             return
-        tenant, routed = ctx.tenant, ctx.tier
+        tenant, routed = ctx.tenant, ctx.route.tier
         assert tenant is not None and tenant.sessions is not None and routed is not None and ctx.reading is not None
         ttl_s = tenant.sessions.ttl_s
         ranks = self._ranks_of(ctx.config)
@@ -103,11 +103,11 @@ class SessionStage:
             key = keys.lookup or keys.current()
             before = await store.peek(keys.lookup) if keys.lookup is not None else None
         decision = held_tier(ctx.config, tenant, routed, before, ctx.max_tokens, ranks)
-        ctx.session, ctx.session_route = key, decision.route
+        ctx.route.session, ctx.route.session_route = key, decision.route
         if decision.route == "held":
-            ctx.session_from, ctx.tier = routed.name, decision.tier
-            why = f" ({ctx.route_reason})" if ctx.route_reason else ""
-            ctx.route_reason = f"held: the conversation's session holds {decision.tier.name}; routed {routed.name}{why}"
+            ctx.route.session_from, ctx.route.tier = routed.name, decision.tier
+            why = f" ({ctx.route.route_reason})" if ctx.route.route_reason else ""
+            ctx.route.route_reason = f"held: the conversation's session holds {decision.tier.name}; routed {routed.name}{why}"
         if keys is not None and not dry:
             ctx.keep_text = True  # the answer's text names the conversation the next turn continues
             ctx.finishers.append(_Record(store, keys, decision.holds, ttl_s, self._spawn))

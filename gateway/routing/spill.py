@@ -60,24 +60,24 @@ class SpillStage:
         return Forecast(tier, best, quality)
 
     def _decide(self, ctx: RequestContext, dry: bool) -> None:
-        tenant, tier = ctx.tenant, ctx.tier
+        tenant, tier = ctx.tenant, ctx.route.tier
         if tenant is None or tenant.spill is None or tier is None or ctx.model_requested != AUTO_MODEL \
                 or tier.endpoint != "chat" or not tier.replicas:
             return
-        qualities = {o.tier: o.quality for o in ctx.quality_choice.options} if ctx.quality_choice else {}
+        qualities = {o.tier: o.quality for o in ctx.route.quality_choice.options} if ctx.route.quality_choice else {}
         chosen = self.forecast(ctx, tier, qualities.get(tier.name))
         if chosen.ttft_s is not None and chosen.ttft_s <= tenant.spill.ttft_slo_ms / 1000:
-            ctx.spill = SpillChoice(tier, chosen, None, tenant.spill.ttft_slo_ms / 1000,
+            ctx.route.spill = SpillChoice(tier, chosen, None, tenant.spill.ttft_slo_ms / 1000,
                                     f"kept {tier.name}: {ms(chosen.ttft_s)} within the SLO")
             return  # the common case: nothing else forecast
         ladder = [chosen if t is tier else self.forecast(ctx, t, qualities.get(t.name))
                   for t in self._ladder(ctx, tenant, tier, qualities)]
         choice = spill_tier(tenant.spill, chosen, ladder)
-        ctx.spill = choice
+        ctx.route.spill = choice
         if choice.target is None:
             return
-        ctx.tier = choice.tier
-        ctx.route_reason = f"{choice.reason} ({ctx.route_reason})" if ctx.route_reason else choice.reason
+        ctx.route.tier = choice.tier
+        ctx.route.route_reason = f"{choice.reason} ({ctx.route.route_reason})" if ctx.route.route_reason else choice.reason
         if not dry:
             if self._metrics is not None:
                 self._metrics.spill(tier.name, choice.tier.name, choice.quality_loss)
@@ -90,8 +90,8 @@ class SpillStage:
         options' (price) order; else the chat tiers in the routes file's order."""
         tiers = ctx.config.tiers
         if chosen.name in qualities:
-            assert ctx.quality_choice is not None
-            order = [tiers[o.tier] for o in ctx.quality_choice.options if o.tier in tiers]
+            assert ctx.route.quality_choice is not None
+            order = [tiers[o.tier] for o in ctx.route.quality_choice.options if o.tier in tiers]
         else:
             order = list(ctx.config.routes.tiers)
         return [t for t in order if t is chosen or (

@@ -76,13 +76,13 @@ class RouteStage:
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         ctx.prompt_tokens_est = ctx.input_tokens_est()
         asked = Asked(ctx.endpoint, ctx.model_requested, ctx.max_tokens, ctx.prompt_tokens_est, ctx.body,
-                      ctx.difficulty, ctx.quality, utc_day(ctx.ts))
+                      ctx.route.difficulty, ctx.route.quality, utc_day(ctx.ts))
         decision = candidate_tier(ctx.config, ctx.tenant, asked)
-        ctx.tier = decision.tier
+        ctx.route.tier = decision.tier
         if decision.reason is not None:
-            ctx.route_reason = decision.reason
+            ctx.route.route_reason = decision.reason
         if decision.quality is not None:
-            ctx.quality_choice = decision.quality
+            ctx.route.quality_choice = decision.quality
         return None
 
     async def dry(self, ctx: RequestContext) -> None:

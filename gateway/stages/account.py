@@ -60,16 +60,16 @@ class Accountant:
         completion = ctx.completion_tokens or 0
         if ctx.stream and ctx.first_token_at is not None and completion > 1:
             tpot_s = (now - ctx.first_token_at) / (completion - 1)
-        tier = ctx.tier.name if ctx.tier else None
+        tier = ctx.route.tier.name if ctx.route.tier else None
         fields = {
             "request_id": ctx.request_id,
             "ts": iso_ms(ctx.ts),
             "path": ctx.path,
             "tenant": ctx.tenant_name,
             "model_requested": bounded(ctx.model_requested),
-            "difficulty": None if ctx.difficulty is None else round(ctx.difficulty, 4),
+            "difficulty": None if ctx.route.difficulty is None else round(ctx.route.difficulty, 4),
             "quality": _qualities(ctx),
-            "route_reason": ctx.route_reason,
+            "route_reason": ctx.route.route_reason,
             "tier": tier,
             "backend": ctx.replica.name if ctx.replica else None,
             "status": ctx.status,
@@ -85,17 +85,17 @@ class Accountant:
             "tpot_ms": _ms(tpot_s),
             "e2e_ms": _ms(e2e_s),
             "queue_ms": round(ctx.queue_ms, 3),
-            "predicted_ttft_ms": _ms(ctx.predicted_ttft_s),
-            "brownout_from": ctx.brownout_from,
-            "rerouted_from": ctx.rerouted_from,
-            "spilled_from": ctx.spill.spilled_from if ctx.spill else None,  # issue 39: and both tiers' predictions
-            "spill": ctx.spill.report() if ctx.spill and ctx.spill.target else None,
+            "predicted_ttft_ms": _ms(ctx.route.predicted_ttft_s),
+            "brownout_from": ctx.route.brownout_from,
+            "rerouted_from": ctx.route.rerouted_from,
+            "spilled_from": ctx.route.spill.spilled_from if ctx.route.spill else None,  # issue 39: and both tiers' predictions
+            "spill": ctx.route.spill.report() if ctx.route.spill and ctx.route.spill.target else None,
             # a low-confidence answer asked again of the next tier up: both parts (issue 39)
             **escalation_fields(ctx, day := utc_day(ctx.ts), round(cost - first_cost(ctx, day), 12)),
             "max_tokens": ctx.max_tokens,
             "max_tokens_clamped_from": ctx.max_tokens_asked,
             "attempts": ctx.attempts,
-            "prefix_blocks": ctx.prefix_blocks,
+            "prefix_blocks": ctx.route.prefix_blocks,
             "output_capped": ctx.output_capped,
             "finish_reason": bounded(ctx.finish_reason),
             "cache": ctx.cache,
@@ -106,8 +106,8 @@ class Accountant:
             "ttft_slo_ms": ctx.tenant.ttft_slo_ms if ctx.tenant else None,
             "resumed": bool(ctx.resumed_parts),  # a stream that broke and went on elsewhere (issue 32)
             "parts": priced_parts(ctx, utc_day(ctx.ts)) if ctx.resumed_parts else None,
-            "session": ctx.session,  # the sticky-tier session, and what it did to this turn's tier
-            "session_route": ctx.session_route,
+            "session": ctx.route.session,  # the sticky-tier session, and what it did to this turn's tier
+            "session_route": ctx.route.session_route,
         }
         fields.update(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM)
         fields.update(replay_fields(ctx))  # what routing used, as numbers: `gateway whatif` replays it (issue 40)
@@ -129,9 +129,9 @@ class Accountant:
         own, and the log line then says the same. Says what the price is made of (`priced_from`)."""
         if ctx.usage_source == "backend":
             ctx.priced_from = "backend_usage"
-        if ctx.usage_source is not None or not (ctx.upstream_started or ctx.priced_from) or ctx.tier is None:
+        if ctx.usage_source is not None or not (ctx.upstream_started or ctx.priced_from) or ctx.route.tier is None:
             return
-        counter = self._counters.for_spec(ctx.tier.tokenizer)
+        counter = self._counters.for_spec(ctx.route.tier.tokenizer)
         ctx.prompt_tokens = counter.count_prompt(ctx.endpoint, ctx.body)
         if ctx.priced_from is None:
             ctx.completion_tokens = ctx.output_chunks if ctx.stream else counter.count(ctx.response_text or "")
@@ -146,13 +146,13 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     answer: the prompt and the estimated output); cache hits cost 0 and avoided their tier's price; requests
     no backend worked on cost 0 against a baseline of 0."""
     hit = ctx.cache in ("hit", "semantic_hit")
-    if ctx.tier is None or not (ctx.upstream_started or ctx.priced_from or hit):
+    if ctx.route.tier is None or not (ctx.upstream_started or ctx.priced_from or hit):
         return 0.0, 0.0, 0.0
     tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
     priced = (sum(part["cost_usd"] for part in priced_parts(ctx, day)) if ctx.resumed_parts
-              else ctx.tier.price_at(day).cost_usd(*tokens))  # a resumed answer: each part on its own tier
+              else ctx.route.tier.price_at(day).cost_usd(*tokens))  # a resumed answer: each part on its own tier
     base = ctx.config.baseline
-    baseline = priced if base is ctx.tier else base.price_at(day).cost_usd(*tokens)
+    baseline = priced if base is ctx.route.tier else base.price_at(day).cost_usd(*tokens)
     if ctx.escalation is not None:  # escalated: the first tier's answer was work done too (issue 39)
         priced, baseline = priced + first_cost(ctx, day), baseline + first_cost(ctx, day, base)
     return (0.0, priced, baseline) if hit else (priced, 0.0, baseline)
@@ -160,7 +160,7 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
 
 def _qualities(ctx: RequestContext) -> dict[str, float] | None:
     """Each tier's predicted quality when quality_floor chose the tier (tier -> score)."""
-    choice = ctx.quality_choice
+    choice = ctx.route.quality_choice
     return None if choice is None else {o.tier: round(o.quality, 4) for o in choice.options}
 
 

@@ -57,12 +57,12 @@ class AdmissionStage:
                 gate.capacity = self._pool.capacity(tier)
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        if not ctx.config.routes.admission.enabled or ctx.tier is None or not ctx.candidates:
+        if not ctx.config.routes.admission.enabled or ctx.route.tier is None or not ctx.route.candidates:
             return None
         tenant = ctx.tenant
         priority = tenant.priority if tenant else "interactive"
         slo_s = tenant.ttft_slo_ms / 1000 if tenant and tenant.ttft_slo_ms else None
-        gate = self.gate(ctx, ctx.tier)
+        gate = self.gate(ctx, ctx.route.tier)
         predicted = self._predicted(ctx)
         if not gate.has_room() or (slo_s is not None and predicted > slo_s):
             gate, predicted = await self._brownout(ctx, gate, predicted)
@@ -90,9 +90,9 @@ class AdmissionStage:
     async def _after_wait(self, ctx: RequestContext, gate: TierGate, waited_s: float, slo_s: float | None) -> None:
         """The replicas' load changed while the request waited: rank them again, and shed it if the
         wait plus the new prediction now misses its SLO (it would miss anyway, and load the fleet)."""
-        assert ctx.tier is not None
-        (await self._choice.choose(ctx, ctx.tier)).apply(ctx)
-        if not ctx.candidates:
+        assert ctx.route.tier is not None
+        (await self._choice.choose(ctx, ctx.route.tier)).apply(ctx)
+        if not ctx.route.candidates:
             return  # the proxy says no replica is available
         predicted = self._predicted(ctx)
         if slo_s is not None and waited_s + predicted > slo_s:
@@ -104,19 +104,19 @@ class AdmissionStage:
     def _idle(self, ctx: RequestContext, wait: float) -> bool:
         """Nothing of ours runs on the best replica and no slot wait: a prediction over the SLO is then
         more likely stale than true, and only a request sent now can refresh it (never shed by it)."""
-        assert ctx.tier is not None
-        return wait == 0 and self._pool.state(ctx.candidates[0], ctx.tier).in_flight == 0
+        assert ctx.route.tier is not None
+        return wait == 0 and self._pool.state(ctx.route.candidates[0], ctx.route.tier).in_flight == 0
 
     def _predicted(self, ctx: RequestContext) -> float:
-        assert ctx.tier is not None
-        first = ctx.candidates[0]
-        cached = ctx.prefix_tokens if ctx.prefix_replica == first.name else 0
-        ctx.predicted_ttft_s = self._pool.predict(ctx.tier, first, ctx.prompt_tokens_est, cached)
-        return ctx.predicted_ttft_s
+        assert ctx.route.tier is not None
+        first = ctx.route.candidates[0]
+        cached = ctx.route.prefix_tokens if ctx.route.prefix_replica == first.name else 0
+        ctx.route.predicted_ttft_s = self._pool.predict(ctx.route.tier, first, ctx.prompt_tokens_est, cached)
+        return ctx.route.predicted_ttft_s
 
     async def _brownout(self, ctx: RequestContext, gate: TierGate, predicted: float) -> tuple[TierGate, float]:
         """Move 'auto' traffic to the faster tier when the policy lets it and that tier has room."""
-        tier, tenant = ctx.tier, ctx.tenant
+        tier, tenant = ctx.route.tier, ctx.tenant
         if tier is None or tenant is None or not tenant.brownout or ctx.model_requested != AUTO_MODEL:
             return gate, predicted
         target = ctx.config.tiers.get(tier.brownout_to or "")
@@ -135,10 +135,10 @@ class AdmissionStage:
         target_predicted = self._pool.predict(target, first, ctx.prompt_tokens_est, warm)
         if target_predicted >= predicted:
             return gate, predicted
-        ctx.brownout_from, ctx.tier = tier.name, target
+        ctx.route.brownout(tier.name, target)
         choice.apply(ctx)
         ctx.cache_key = None  # this answer comes from another tier: never store it under the first one's key
-        ctx.predicted_ttft_s = target_predicted
+        ctx.route.predicted_ttft_s = target_predicted
         self._metrics.brownouts.labels(tier.name, target.name).inc()
         log.info("brownout", request_id=ctx.request_id, from_tier=tier.name, to_tier=target.name)
         return target_gate, target_predicted

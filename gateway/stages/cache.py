@@ -27,20 +27,20 @@ class CacheStage:
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         reading = ctx.reading
-        if self._responses is None or ctx.tier is None or ctx.tenant is None or reading is None:
+        if self._responses is None or ctx.route.tier is None or ctx.tenant is None or reading is None:
             return None
         rule = ctx.tenant.cache
         if not cacheable(reading, rule):
             ctx.cache = "bypass"
             return None
         scope = scope_of(ctx.tenant_name, rule)
-        key = response_key(scope, ctx.tier.name, reading)
+        key = response_key(scope, ctx.route.tier.name, reading)
         answer = await self._responses.get(key)
         if answer is not None:
             return _replay(ctx, answer, "hit")
         semantic = self._semantic if rule.semantic is not None and reading.semantic_text is not None else None
         if semantic is not None and rule.semantic is not None:
-            found = await semantic.lookup(scope, ctx.tier.name, reading, rule.semantic)
+            found = await semantic.lookup(scope, ctx.route.tier.name, reading, rule.semantic)
             if found is not None:
                 return _replay(ctx, found[0], "semantic_hit")
         ctx.cache, ctx.cache_key = "miss", key
@@ -52,9 +52,9 @@ class CacheStage:
         if answer is None or ctx.cache_key is None or self._responses is None:
             return
         self._responses.put_later(ctx.cache_key, answer, ttl_s)
-        if semantic_scope is not None and self._semantic is not None and ctx.tier is not None \
+        if semantic_scope is not None and self._semantic is not None and ctx.route.tier is not None \
                 and ctx.reading is not None:
-            self._semantic.remember(semantic_scope, ctx.tier.name, ctx.reading, ctx.cache_key, ttl_s)
+            self._semantic.remember(semantic_scope, ctx.route.tier.name, ctx.reading, ctx.cache_key, ttl_s)
 
 
 def _storable_answer(ctx: RequestContext) -> CachedAnswer | None:

@@ -28,7 +28,7 @@ class ClassifyStage:
             return None
         if self.predictor is not None and tenant.quality_floor is not None:
             try:
-                ctx.quality = await self.predictor.predict(ctx.prompt_text(), scope=tenant_scope(tenant))
+                ctx.route.quality = await self.predictor.predict(ctx.prompt_text(), scope=tenant_scope(tenant))
             except Exception as err:  # the predictor is an optimisation, never a reason to fail
                 log.warning("quality_predictor_failed", request_id=ctx.request_id,
                             error=f"{type(err).__name__}: {err}")
@@ -37,7 +37,7 @@ class ClassifyStage:
         if self._scorer is None or tenant.routing is None:
             return None
         try:
-            ctx.difficulty = await self._scorer.score(ctx.prompt_text(), scope=tenant_scope(tenant))
+            ctx.route.difficulty = await self._scorer.score(ctx.prompt_text(), scope=tenant_scope(tenant))
         except Exception as err:  # the classifier is an optimisation, never a reason to fail
             log.warning("classifier_failed", request_id=ctx.request_id, error=f"{type(err).__name__}: {err}")
         return None

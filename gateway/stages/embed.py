@@ -37,7 +37,7 @@ class EmbedStage:
         self._remote = remote  # None: no remote embedding tiers can be served (no HTTP session)
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
-        tier = ctx.tier
+        tier = ctx.route.tier
         if tier is None or tier.endpoint != "embeddings":
             return None
         texts = inputs_of(ctx.body)

@@ -360,7 +360,7 @@ class RequestTrace:
 def _ran(name: str, ctx: RequestContext) -> bool:
     """Whether a stage that let the request go on did something worth a span."""
     if name == CLASSIFICATION:
-        return ctx.difficulty is not None
+        return ctx.route.difficulty is not None
     if name == CACHE:
         return ctx.cache != "off"
     return True
@@ -368,7 +368,7 @@ def _ran(name: str, ctx: RequestContext) -> bool:
 
 def _stage_attributes(name: str, ctx: RequestContext) -> tuple[tuple[str, ...], tuple[Any, ...]]:
     if name == CLASSIFICATION:
-        return (_NONE, _NONE) if ctx.difficulty is None else (_DIFFICULTY, (ctx.difficulty,))
+        return (_NONE, _NONE) if ctx.route.difficulty is None else (_DIFFICULTY, (ctx.route.difficulty,))
     if name == CACHE:
         return _CACHE, (ctx.cache,)
     if name == ADMISSION:
@@ -402,7 +402,7 @@ def _request_attributes(ctx: RequestContext, operation: str) -> tuple[Any, ...]:
     """GenAI semantic-convention attributes, and the gateway's own: the values of ROOT_KEYS (None: absent)."""
     return (operation, ctx.model_requested, ctx.replica.model if ctx.replica else None, ctx.max_tokens,
             ctx.prompt_tokens, ctx.completion_tokens, (ctx.finish_reason,) if ctx.finish_reason else None,
-            ctx.status, ctx.request_id, ctx.tenant_name, ctx.tier.name if ctx.tier else None, ctx.difficulty,
+            ctx.status, ctx.request_id, ctx.tenant_name, ctx.route.tier.name if ctx.route.tier else None, ctx.route.difficulty,
             ctx.queue_ms, ctx.cache, ctx.cost_usd, ctx.outcome, ctx.error,
             (ctx.first_token_at - ctx.started) * 1000 if ctx.first_token_at is not None else None,
             *((ctx.assignment.experiment, ctx.assignment.arm) if ctx.assignment is not None else _NO_ARM))

@@ -50,10 +50,10 @@ class Attempt:
         """`tokens`: the prompt's length (the request's estimate unless told), the part of it warm in the
         replica's prefix cache counted; `tier`: the replica's (the request's unless told); `first`: the
         request's first answer (its first byte tells the stages that wait for it), not a continuation."""
-        tier = tier or ctx.tier
+        tier = tier or ctx.route.tier
         assert tier is not None
         tokens = ctx.prompt_tokens_est if tokens is None else tokens
-        cached = min(tokens, ctx.prefix_tokens) if first and ctx.prefix_replica == replica.name else 0
+        cached = min(tokens, ctx.route.prefix_tokens) if first and ctx.route.prefix_replica == replica.name else 0
         self.ctx = ctx
         self.replica = replica
         self.lease = Lease(pool, replica, tier, tokens, cached, ctx.config.routes.balancing)
@@ -136,14 +136,14 @@ async def failover(ctx: RequestContext, pool: ReplicaPool, metrics: GatewayMetri
                    attempt: Callable[[Replica], Awaitable[T]]) -> T:
     """The first answer of `attempt` over the candidates; the last replica's error when none answered."""
     settings = ctx.config.routes.upstream
-    if not ctx.candidates and ctx.tier is not None:
+    if not ctx.route.candidates and ctx.route.tier is not None:
         ctx.error = "no_replica_available"
-        wait_s = pool.retry_in(ctx.tier, ctx.config.routes.balancing.health_interval_s)
-        raise Overloaded(f"no replica of tier {ctx.tier.name!r} is available (circuit open or failing health "
+        wait_s = pool.retry_in(ctx.route.tier, ctx.config.routes.balancing.health_interval_s)
+        raise Overloaded(f"no replica of tier {ctx.route.tier.name!r} is available (circuit open or failing health "
                          "checks)", code="no_replica_available", retry_after=wait_s)
     pool.retries.on_request()
     last: GatewayError = UpstreamError("the tier has no replica to try")
-    for replica in ctx.candidates[: settings.max_attempts]:
+    for replica in ctx.route.candidates[: settings.max_attempts]:
         if not may_try(ctx, pool, metrics, replica):
             break
         ctx.replica = replica

@@ -49,8 +49,8 @@ class RemoteEmbeddings:
 
     async def embed(self, ctx: RequestContext, texts: list[str]) -> npt.NDArray[np.float32]:
         """Each text's vector, in order; sets the request's cache status and usage."""
-        assert ctx.tier is not None and ctx.tier.dimensions is not None
-        tier, dimensions = ctx.tier, ctx.tier.dimensions
+        assert ctx.route.tier is not None and ctx.route.tier.dimensions is not None
+        tier, dimensions = ctx.route.tier, ctx.route.tier.dimensions
         model = "|".join(sorted({replica.model for replica in tier.replicas}))  # what the vectors depend on
         scope, distinct = inputs_scope(ctx), list(dict.fromkeys(texts))
         stored = (await self._vectors.get_many(scope, model, dimensions, distinct) if self._vectors

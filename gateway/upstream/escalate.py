@@ -47,9 +47,9 @@ log = structlog.get_logger("gateway.escalate")
 OUTCOMES = ("kept", "escalated", "no_confidence", "no_replica", "shed", "failed")
 HITS = ("hit", "semantic_hit")
 # what the second hop changes in the context, put back when it does not answer (the first answer is returned)
-_STATE = ("tier", "candidates", "replica", "attempts", "prefix_replica", "prefix_blocks", "prefix_tokens", "explored",
-          "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "priced_from", "finish_reason",
-          "response_text", "first_token_at", "output_capped", "error", "first_byte_hooks", "cache_key")
+# (the route's record, `ctx.route`, is saved whole: a copy, put back whole)
+_STATE = ("replica", "attempts", "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "priced_from",
+          "finish_reason", "response_text", "first_token_at", "output_capped", "error", "first_byte_hooks", "cache_key")
 
 
 class EscalateStage:
@@ -90,7 +90,7 @@ class EscalateStage:
     async def _held(self, ctx: RequestContext, reply: StreamReply, rule: Escalate) -> Reply:
         """A stream held for its first `hold_tokens` tokens (none sent yet): kept, or the next tier's stream."""
         logprobs = ctx.held_logprobs
-        assert logprobs is not None and rule.hold_tokens is not None and ctx.tier is not None
+        assert logprobs is not None and rule.hold_tokens is not None and ctx.route.tier is not None
         source = reply.source
         rest: AsyncIterator[bytes] | None = source.chunks()
         held: list[bytes] = []
@@ -105,7 +105,7 @@ class EscalateStage:
             raise
         kept = StreamReply(HeldStream(held, rest, source), reply.headers)
         value = confidence(logprobs[:rule.hold_tokens], rule.measure)
-        prompt = self._hop.resumes.counters.for_spec(ctx.tier.tokenizer).count_prompt(ctx.endpoint, ctx.body)
+        prompt = self._hop.resumes.counters.for_spec(ctx.route.tier.tokenizer).count_prompt(ctx.endpoint, ctx.body)
         first = self._first(ctx, rule, value, prompt, len(logprobs), 0)
         if not escalates(value, rule):
             self._kept(ctx, first)
@@ -142,6 +142,7 @@ class EscalateStage:
         target = next_tier(ctx)
         assert target is not None  # armed: a tier above
         saved: dict[str, Any] = {name: getattr(ctx, name) for name in _STATE}
+        saved["route"] = dataclasses.replace(ctx.route)
         choice = await self._rank.choose(ctx, target)
         ctx.escalation = first  # from here the request is escalated: no more log-probabilities asked
         if not choice.replicas:
@@ -154,7 +155,7 @@ class EscalateStage:
                     ctx.tenant_name, priority, ctx.config.routes.admission.max_wait_ms / 1000)
             except Overloaded:
                 return self._back(ctx, saved, first, "shed")
-        ctx.tier = target
+        ctx.route.escalate_to(target)
         choice.apply(ctx)
         ctx.attempts = 0  # not a retry: the budget is for failures
         ctx.prompt_tokens = ctx.completion_tokens = ctx.usage_source = ctx.priced_from = None
@@ -189,8 +190,8 @@ class EscalateStage:
     @staticmethod
     def _first(ctx: RequestContext, rule: Escalate, value: float | None, prompt: int, completion: int,
                cached: int) -> Escalation:
-        assert ctx.tier is not None
-        return Escalation(rule, value, ctx.tier, ctx.replica.name if ctx.replica else None, prompt, completion, cached,
+        assert ctx.route.tier is not None
+        return Escalation(rule, value, ctx.route.tier, ctx.replica.name if ctx.replica else None, prompt, completion, cached,
                           round((time.perf_counter() - ctx.started) * 1000, 3))
 
     def _kept(self, ctx: RequestContext, first: Escalation) -> None:
@@ -200,7 +201,7 @@ class EscalateStage:
     def _escalated(self, ctx: RequestContext, first: Escalation) -> None:
         self.outcomes["escalated"].inc()
         log.info("escalated", request_id=ctx.request_id, from_tier=first.from_tier.name,
-                 to_tier=ctx.tier.name if ctx.tier else None, confidence=first.confidence,
+                 to_tier=ctx.route.tier.name if ctx.route.tier else None, confidence=first.confidence,
                  min_confidence=first.rule.min_confidence)
 
     @staticmethod

@@ -130,9 +130,9 @@ class StreamResumer:
         if left is not None and left <= 0:
             app.outcomes["whole"].inc()
             return None
-        assert ctx.tier is not None
+        assert ctx.route.tier is not None
         self._tried.add(self._held.replica.name)
-        for replica, tier in self._candidates(ctx.tier, ctx.prompt_tokens_est + sent):
+        for replica, tier in self._candidates(ctx.route.tier, ctx.prompt_tokens_est + sent):
             if self._left <= 0:
                 return self._count("limit", "its attempts are used up")
             if not may_try(ctx, app.pool, app.metrics, replica):
@@ -160,7 +160,7 @@ class StreamResumer:
     def _tokens(self, text: str, tally: StreamTally) -> int:
         """The tokens the client has: the tier's tokenizer's count of the text sent, and at least one per content
         chunk (a chunk may carry several tokens: vLLM's stream intervals, speculative decoding)."""
-        tier = self._ctx.tier
+        tier = self._ctx.route.tier
         counted = self._app.counters.for_spec(tier.tokenizer).count(text) if tier is not None else 0
         return max(tally.content_chunks, counted)
 
@@ -184,9 +184,9 @@ class StreamResumer:
         """Hand the relay the next part, and record it in the context."""
         ctx = self._ctx
         replica = attempt.replica
-        assert ctx.replica is not None and ctx.tier is not None
+        assert ctx.replica is not None and ctx.route.tier is not None
         if not ctx.resumed_parts:
-            ctx.resumed_parts.append(ResumePart(ctx.replica.name, ctx.tier, 0))
+            ctx.resumed_parts.append(ResumePart(ctx.replica.name, ctx.route.tier, 0))
         ctx.resumed_parts.append(ResumePart(replica.name, tier, sent))
         ctx.replica = replica
         ctx.cache_key = None  # a resumed answer is never stored: it is two generations

@@ -96,7 +96,7 @@ def price_abandoned(ctx: RequestContext, stats: ReplicaStats, elapsed_s: float) 
     tpot = stats.tpot_s
     if tpot is None or tpot <= 0:
         return
-    ttft = ctx.predicted_ttft_s if ctx.predicted_ttft_s is not None and ctx.attempts == 1 else stats.ttft_s
+    ttft = ctx.route.predicted_ttft_s if ctx.route.predicted_ttft_s is not None and ctx.attempts == 1 else stats.ttft_s
     decoding = elapsed_s - (ttft or 0.0)
     if decoding < 0:
         per_output = 0

@@ -41,8 +41,8 @@ async def test_a_busy_tier_sheds_a_request_predicted_over_the_objective_and_admi
         assert admission.shed("t", "predicted_slo_miss") == 1
     else:
         assert await admission.stage(ctx) is None and admission.shed("t", "predicted_slo_miss") is None
-    assert ctx.predicted_ttft_s is not None
-    predicted_ms = ctx.predicted_ttft_s * 1000
+    assert ctx.route.predicted_ttft_s is not None
+    predicted_ms = ctx.route.predicted_ttft_s * 1000
     if shed:  # the case is a boundary one: over the objective, under twice it
         assert SLO_MS < predicted_ms < 2 * SLO_MS, predicted_ms
     else:
@@ -69,7 +69,7 @@ async def test_the_expected_queue_wait_counts_toward_the_objective() -> None:
     with pytest.raises(Overloaded) as caught:
         await asyncio.wait_for(task, 5)
     assert queued == 0 and (caught.value.code, ctx.error) == ("predicted_slo_miss", "predicted_slo_miss")
-    assert ctx.predicted_ttft_s is not None and ctx.predicted_ttft_s * 1000 < SLO_MS  # the prediction alone: in time
+    assert ctx.route.predicted_ttft_s is not None and ctx.route.predicted_ttft_s * 1000 < SLO_MS  # the prediction alone: in time
     assert "would answer in about 1" in caught.value.message  # ~120 ms: prediction plus wait
     assert caught.value.retry_after == pytest.approx(0.06, abs=0.01)
 

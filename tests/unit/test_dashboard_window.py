@@ -18,8 +18,8 @@ DAY_START = 1_763_856_000.0  # a UTC midnight
 def request(tier_name: str | None, status: int = 200, error: str | None = None, difficulty: float | None = None,
             cost: float = 0.001) -> RequestContext:
     ctx = RequestContext("r", "chat", CONFIG, b"", None, 0.0, 0.0)
-    ctx.tier = CONFIG.tiers[tier_name] if tier_name else None
-    ctx.tenant, ctx.status, ctx.error, ctx.difficulty, ctx.cost_usd = TENANT, status, error, difficulty, cost
+    ctx.route.tier = CONFIG.tiers[tier_name] if tier_name else None
+    ctx.tenant, ctx.status, ctx.error, ctx.route.difficulty, ctx.cost_usd = TENANT, status, error, difficulty, cost
     return ctx
 
 

@@ -40,7 +40,7 @@ async def routed(pool: ReplicaPool, difficulty: float, body: dict[str, Any] = CH
                  api_key: str = TEST_API_KEY) -> RequestContext:
     ctx = await parsed_context(config, body, api_key=api_key)
     await PolicyStage()(ctx)
-    ctx.difficulty = difficulty
+    ctx.route.difficulty = difficulty
     await route(ctx, pool)
     return ctx
 
@@ -56,18 +56,18 @@ async def test_auto_goes_to_the_nearest_healthy_tier_up_first(dead: tuple[str, .
     pool = ReplicaPool()
     down(pool, CONFIG, *dead)
     ctx = await routed(pool, difficulty)
-    assert ctx.tier is not None and ctx.tier.name == served
-    assert ctx.rerouted_from == dead[0]  # the band's tier
-    assert ctx.candidates == CONFIG.tiers[served].replicas
+    assert ctx.route.tier is not None and ctx.route.tier.name == served
+    assert ctx.route.rerouted_from == dead[0]  # the band's tier
+    assert ctx.route.candidates == CONFIG.tiers[served].replicas
 
 
 async def test_a_healthy_tier_is_not_rerouted_and_a_named_one_never() -> None:
     pool = ReplicaPool()
     ctx = await routed(pool, 0.5)
-    assert ctx.tier is not None and (ctx.tier.name, ctx.rerouted_from) == ("medium", None)
+    assert ctx.route.tier is not None and (ctx.route.tier.name, ctx.route.rerouted_from) == ("medium", None)
     down(pool, CONFIG, "medium")
     named = await routed(pool, 0.5, {**CHAT, "model": "medium"})
-    assert named.tier is not None and (named.tier.name, named.candidates, named.rerouted_from) == ("medium", (), None)
+    assert named.route.tier is not None and (named.route.tier.name, named.route.candidates, named.route.rerouted_from) == ("medium", (), None)
 
 
 async def test_only_tiers_the_tenant_may_use_and_that_fit_max_tokens() -> None:
@@ -76,9 +76,9 @@ async def test_only_tiers_the_tenant_may_use_and_that_fit_max_tokens() -> None:
     pool = ReplicaPool()
     down(pool, config, "medium")
     limited = await routed(pool, 0.5, config=config, api_key=SMALL_KEY)  # large is not allowed: down to small
-    assert limited.tier is not None and (limited.tier.name, limited.rerouted_from) == ("small", "medium")
+    assert limited.route.tier is not None and (limited.route.tier.name, limited.route.rerouted_from) == ("small", "medium")
     big = await routed(pool, 0.5, {**CHAT, "max_tokens": 6000}, config=config)  # large's window is 4096
-    assert big.tier is not None and (big.tier.name, big.rerouted_from) == ("small", "medium")
+    assert big.route.tier is not None and (big.route.tier.name, big.route.rerouted_from) == ("small", "medium")
 
 
 async def test_the_policy_switch_keeps_the_request_on_its_tier() -> None:
@@ -86,16 +86,16 @@ async def test_the_policy_switch_keeps_the_request_on_its_tier() -> None:
     pool = ReplicaPool()
     down(pool, config, "medium")
     ctx = await routed(pool, 0.5, config=config, api_key=STUCK_KEY)
-    assert ctx.tier is not None and (ctx.tier.name, ctx.candidates, ctx.rerouted_from) == ("medium", (), None)
+    assert ctx.route.tier is not None and (ctx.route.tier.name, ctx.route.candidates, ctx.route.rerouted_from) == ("medium", (), None)
     other = await routed(pool, 0.5, config=config)  # the switch is the tenant's own
-    assert other.rerouted_from == "medium"
+    assert other.route.rerouted_from == "medium"
 
 
 async def test_nothing_healthy_leaves_the_request_on_its_tier() -> None:
     pool = ReplicaPool()
     down(pool, CONFIG, "small", "medium", "large")
     ctx = await routed(pool, 0.5)
-    assert ctx.tier is not None and (ctx.tier.name, ctx.candidates, ctx.rerouted_from) == ("medium", (), None)
+    assert ctx.route.tier is not None and (ctx.route.tier.name, ctx.route.candidates, ctx.route.rerouted_from) == ("medium", (), None)
 
 
 def test_an_open_circuit_counts_as_down() -> None:

@@ -94,7 +94,7 @@ async def context(cfg: Any = None, endpoint: str = "chat", **body: Any) -> Reque
     ctx = await parsed_context(cfg or config({"min_confidence": 0.6}), {**base, **body},
                                endpoint=endpoint)  # type: ignore[arg-type]
     await PolicyStage()(ctx)
-    ctx.tier = ctx.config.tiers["small"]
+    ctx.route.tier = ctx.config.tiers["small"]
     return ctx
 
 
@@ -108,7 +108,7 @@ async def test_a_plain_request_is_armed_to_the_next_tier_up() -> None:
 async def test_the_next_tier_is_the_next_the_tenant_may_use() -> None:
     ctx = await context(config({"min_confidence": 0.6}, allowed=["small", "large"]))
     assert next_tier(ctx) is ctx.config.tiers["large"]
-    ctx.tier = ctx.config.tiers["large"]
+    ctx.route.tier = ctx.config.tiers["large"]
     assert next_tier(ctx) is None and armed(ctx) is None  # the top tier has none above
 
 
@@ -153,7 +153,7 @@ async def test_both_parts_are_priced_on_their_own_tiers() -> None:
     ctx.escalation = Escalation(RULE, 0.25, small, "small-0", 100, 10, 0, 12.5)
     day = date(2026, 6, 1)
     assert first_cost(ctx, day) == pytest.approx((100 * 1 + 10 * 2) / 1e6)
-    ctx.tier, ctx.prompt_tokens, ctx.completion_tokens = ctx.config.tiers["mid"], 100, 20
+    ctx.route.tier, ctx.prompt_tokens, ctx.completion_tokens = ctx.config.tiers["mid"], 100, 20
     fields = log_fields(ctx, day, 0.5)
     assert fields["escalated_from"] == "small"
     first, second = fields["escalation"]["parts"]

@@ -67,16 +67,16 @@ async def test_the_arm_replaces_the_tenant_policy_before_max_tokens_is_set() -> 
         assert ctx.tenant is not None and ctx.tenant.name == TEST_TENANT and ctx.assignment is not None
         short = ctx.assignment.arm == "short"
         assert (ctx.max_tokens, ctx.body["max_tokens"]) == ((7, 7) if short else (64, 64))
-        assert ctx.tier is not None and ctx.tier.name == ("large" if short else "small")
+        assert ctx.route.tier is not None and ctx.route.tier.name == ("large" if short else "small")
 
 
 async def test_the_tier_map_names_the_serving_tier_before_the_allowed_check() -> None:
     cfg = config(tier_map={"large": "small"}, allowed_tiers=["small"])
-    assert (await routed(cfg, body("u", "large"))).tier.name == "small"  # type: ignore[union-attr]
+    assert (await routed(cfg, body("u", "large"))).route.tier.name == "small"  # type: ignore[union-attr]
     explicit = config(tier_map={"small": "large"}, allowed_tiers=["small", "large"])
-    assert (await routed(explicit, body("u", "small"))).tier.name == "large"  # type: ignore[union-attr]
+    assert (await routed(explicit, body("u", "small"))).route.tier.name == "large"  # type: ignore[union-attr]
     auto = config(default_tier="large", tier_map={"large": "small"})
-    assert (await routed(auto, body("u"))).tier.name == "small"  # type: ignore[union-attr]
+    assert (await routed(auto, body("u"))).route.tier.name == "small"  # type: ignore[union-attr]
     with pytest.raises(PermissionDenied):
         await routed(config(allowed_tiers=["small"]), body("u", "large"))
 
@@ -112,7 +112,7 @@ async def test_owners_are_recorded_for_served_requests_only() -> None:
     record(refused)
     assert served.assignment is not None
     assert await owners.lookup(served.request_id) == RequestOwner(TEST_TENANT, "half", served.assignment.arm,
-                                                                 served.tier.name if served.tier else None)
+                                                                 served.route.tier.name if served.route.tier else None)
     refused.request_id = "other"
     assert await owners.lookup("other") is None
 
@@ -143,7 +143,7 @@ async def test_a_shadowed_request_keeps_its_text_and_submits_only_a_complete_ans
     for ctx in contexts:
         ctx.status, ctx.upstream_started, ctx.response_text = 200, True, "an answer"
     failed.status = 502
-    brownout.tier = cfg.tiers["large"]
+    brownout.route.tier = cfg.tiers["large"]
     no_text.response_text = None
     for ctx in contexts:
         ctx.finishers[0](ctx)

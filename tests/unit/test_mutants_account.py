@@ -22,7 +22,7 @@ DAY = date(2026, 11, 25)
 def ctx(served_by: str | None = "small", *, started: bool = True, cache: str | None = None,
         prompt: int | None = 1000, completion: int | None = 500, cached: int = 0) -> RequestContext:
     c = request_context(CONFIG, {"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
-    c.tier = {"small": SMALL, "big": BIG}.get(served_by or "")
+    c.route.tier = {"small": SMALL, "big": BIG}.get(served_by or "")
     c.upstream_started = started
     c.cache = cache  # type: ignore[assignment]
     c.prompt_tokens, c.completion_tokens, c.cached_tokens = prompt, completion, cached
@@ -63,7 +63,7 @@ def test_served_on_the_baseline_tier_the_baseline_is_the_cost() -> None:
 def test_cached_prompt_tokens_reach_the_price() -> None:
     cheap_cache = tier("cc", ["http://127.0.0.1:9/v1"], input_per_mtok=1.0, output_per_mtok=1.0)
     c = ctx()
-    c.tier = cheap_cache.model_copy(update={"prices": cheap_cache.prices.model_copy(  # type: ignore[union-attr]
+    c.route.tier = cheap_cache.model_copy(update={"prices": cheap_cache.prices.model_copy(  # type: ignore[union-attr]
         update={"cached_input_per_mtok": 0.0})})
     c.cached_tokens = 400
     cost, _, baseline = _prices(c, DAY)
@@ -83,7 +83,7 @@ def test_the_prices_of_the_day_served() -> None:
     small, big = dated(SMALL, 2.0), dated(BIG, 10.0)
     config = gateway_config([small, big])  # type: ignore[list-item]
     c = ctx()
-    c.config, c.tier = config, small  # type: ignore[assignment]
+    c.config, c.route.tier = config, small  # type: ignore[assignment]
     assert _prices(c, date(2026, 5, 31)) == pytest.approx((0.0005, 0.0, 0.0105))
     assert _prices(c, date(2026, 6, 1)) == pytest.approx((0.001, 0.0, 0.105))  # both tiers at the day's prices
 

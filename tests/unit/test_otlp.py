@@ -223,7 +223,7 @@ async def test_a_renamed_stage_class_keeps_its_span() -> None:
 
         async def __call__(self, ctx: RequestContext) -> JsonReply | None:
             if self.field == "classify":
-                ctx.difficulty = 0.25
+                ctx.route.difficulty = 0.25
             elif self.field == "cache":
                 ctx.cache = "miss"
             return JsonReply(200, b"{}") if self.field == "proxy" else None

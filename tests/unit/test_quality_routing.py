@@ -93,37 +93,37 @@ async def route(cfg: GatewayConfig, prompt: str, predictor: TableQualityPredicto
 async def test_auto_takes_the_cheapest_tier_within_the_floor(prompt: str, expected: str) -> None:
     scorer = TableScorer({})
     ctx = await route(config(), prompt, TableQualityPredictor(PREDICTIONS), scorer)
-    assert ctx.tier.name == expected
-    assert ctx.quality_choice.tier == expected and ctx.route_reason.startswith("quality: ")
-    assert ctx.difficulty is None and scorer.calls == []  # the bands were not needed
+    assert ctx.route.tier.name == expected
+    assert ctx.route.quality_choice.tier == expected and ctx.route.route_reason.startswith("quality: ")
+    assert ctx.route.difficulty is None and scorer.calls == []  # the bands were not needed
 
 
 async def test_a_failing_predictor_falls_back_to_the_bands_and_is_logged() -> None:
     predictor = TableQualityPredictor(PREDICTIONS, error=RuntimeError("router gone"))
     with capture_logs() as logs:
         ctx = await route(config(), "easy", predictor, TableScorer({"easy": 0.9}))
-    assert ctx.tier.name == "large" and ctx.difficulty == 0.9 and ctx.quality_choice is None
-    assert ctx.route_reason == "band: difficulty 0.9000 -> large"
+    assert ctx.route.tier.name == "large" and ctx.route.difficulty == 0.9 and ctx.route.quality_choice is None
+    assert ctx.route.route_reason == "band: difficulty 0.9000 -> large"
     assert any(e["event"] == "quality_predictor_failed" and "router gone" in e["error"] for e in logs)
 
 
 async def test_without_a_predictor_or_a_classifier_auto_takes_the_default_tier() -> None:
     ctx = await route(config(), "hard", None, None)
-    assert ctx.tier.name == "small" and "no difficulty score" in ctx.route_reason
+    assert ctx.route.tier.name == "small" and "no difficulty score" in ctx.route.route_reason
 
 
 async def test_the_floor_is_per_tenant_and_off_with_false() -> None:
     predictor = TableQualityPredictor(PREDICTIONS)
     ctx = await route(config({"quality_floor": False}), "hard", predictor, TableScorer({"hard": 0.1}))
-    assert ctx.tier.name == "small" and predictor.calls == []  # the bands: difficulty 0.1
+    assert ctx.route.tier.name == "small" and predictor.calls == []  # the bands: difficulty 0.1
 
 
 async def test_an_explicit_tier_and_disallowed_tiers_are_respected() -> None:
     predictor = TableQualityPredictor(PREDICTIONS)
     ctx = await route(config(), "hard", predictor, model="small")
-    assert ctx.tier.name == "small" and predictor.calls == []
+    assert ctx.route.tier.name == "small" and predictor.calls == []
     ctx = await route(config({"allowed_tiers": ["small", "medium"]}), "hard", predictor)
-    assert ctx.tier.name == "medium" and [o.tier for o in ctx.quality_choice.options] == ["small", "medium"]
+    assert ctx.route.tier.name == "medium" and [o.tier for o in ctx.route.quality_choice.options] == ["small", "medium"]
 
 
 async def test_a_tier_too_small_for_max_tokens_is_not_a_choice() -> None:
@@ -135,12 +135,12 @@ async def test_a_tier_too_small_for_max_tokens_is_not_a_choice() -> None:
     await PolicyStage()(ctx)
     await ClassifyStage(None, TableQualityPredictor(PREDICTIONS))(ctx)
     await route_steps(ctx, ReplicaPool())
-    assert ctx.tier.name == "medium" and [o.tier for o in ctx.quality_choice.options] == ["medium", "large"]
+    assert ctx.route.tier.name == "medium" and [o.tier for o in ctx.route.quality_choice.options] == ["medium", "large"]
 
 
 async def test_a_predictor_without_the_tiers_models_leaves_the_default_tier() -> None:
     ctx = await route(config(), "x", TableQualityPredictor({}, default={"unrelated": 0.5}))
-    assert ctx.tier.name == "small" and "no tier the tenant may use has a quality prediction" in ctx.route_reason
+    assert ctx.route.tier.name == "small" and "no tier the tenant may use has a quality prediction" in ctx.route.route_reason
 
 
 async def test_an_experiment_arm_sets_its_own_floor() -> None:

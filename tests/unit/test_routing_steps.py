@@ -65,7 +65,7 @@ async def test_the_replicas_are_ranked_once_per_request_however_many_steps_move_
     for replica in SMALL.replicas:  # the small tier down: the detour moves 'auto' up
         pool.state(replica).healthy = False
     ctx, _ = await steps_through(pool, sessions=sessions)
-    assert ctx.tier is LARGE and ctx.rerouted_from == "small" and calls == ["large"]
+    assert ctx.route.tier is LARGE and ctx.route.rerouted_from == "small" and calls == ["large"]
 
 
 async def test_exploration_survives_the_ranking_made_again_after_a_queue_wait() -> None:
@@ -73,11 +73,11 @@ async def test_exploration_survives_the_ranking_made_again_after_a_queue_wait() 
     pool.configure(CONFIG.routes)
     stale(pool)
     ctx, rank = await steps_through(pool)
-    assert ctx.tier is SMALL and ctx.candidates[0] is SMALL.replicas[1] and ctx.explored is SMALL.replicas[1]
+    assert ctx.route.tier is SMALL and ctx.route.candidates[0] is SMALL.replicas[1] and ctx.route.explored is SMALL.replicas[1]
     again = await rank.choose(ctx, SMALL)  # what admission does after a wait
     assert again.replicas[0] is SMALL.replicas[1]
     other, _ = await steps_through(pool)  # the next request: explored once per interval
-    assert other.candidates[0] is SMALL.replicas[0]
+    assert other.route.candidates[0] is SMALL.replicas[0]
 
 
 async def test_explain_runs_the_steps_dry_and_spends_no_exploration() -> None:
@@ -89,7 +89,7 @@ async def test_explain_runs_the_steps_dry_and_spends_no_exploration() -> None:
                                pool=pool, steps=file_steps(pool), live=True)
         assert report["candidates"][0]["replica"] == SMALL.replicas[1].name
     ctx, _ = await steps_through(pool)
-    assert ctx.candidates[0] is SMALL.replicas[1]  # still explored by the first real request
+    assert ctx.route.candidates[0] is SMALL.replicas[1]  # still explored by the first real request
 
 
 async def test_explain_of_a_live_gateway_with_every_replica_down_says_503() -> None:

@@ -101,8 +101,8 @@ async def _turn(stage: SessionStage, body: dict, routed: str, config: object = C
     """One turn through the session step, answered with `answer` (the finishers run: the next turn finds it)."""
     ctx = await parsed_context(config, body)  # type: ignore[arg-type]
     ctx.tenant = next(iter(ctx.config.tenants_by_key_hash.values()))  # what the policy stage sets
-    ctx.tier = ctx.config.tiers[routed]
-    ctx.route_reason = f"band: -> {routed}"
+    ctx.route.tier = ctx.config.tiers[routed]
+    ctx.route.route_reason = f"band: -> {routed}"
     ctx.session_header = header
     await stage(ctx)
     ctx.status, ctx.response_text = 200, answer
@@ -124,45 +124,45 @@ def _conversation(*turns: tuple[str, str]) -> dict:
 async def test_the_stage_holds_the_sessions_tier_and_says_so() -> None:
     stage = SessionStage(SessionStore(None))
     ctx = await _turn(stage, _chat("hi"), "medium", answer="answer 0")
-    assert (ctx.tier.name, ctx.session_route) == ("medium", "new") and ctx.session is not None
+    assert (ctx.route.tier.name, ctx.route.session_route) == ("medium", "new") and ctx.route.session is not None
     ctx = await _turn(stage, _chat("hi", "easy one"), "small", answer="answer 1")
-    assert (ctx.tier.name, ctx.session_route, ctx.session_from) == ("medium", "held", "small")
-    assert ctx.route_reason is not None and ctx.route_reason.startswith("held: the conversation's session holds medium")
+    assert (ctx.route.tier.name, ctx.route.session_route, ctx.route.session_from) == ("medium", "held", "small")
+    assert ctx.route.route_reason is not None and ctx.route.route_reason.startswith("held: the conversation's session holds medium")
     ctx = await _turn(stage, _chat("hi", "easy one", "now hard"), "large", answer="answer 2")
-    assert (ctx.tier.name, ctx.session_route) == ("large", "upgraded")
+    assert (ctx.route.tier.name, ctx.route.session_route) == ("large", "upgraded")
     ctx = await _turn(stage, {**_chat("hi", "easy one", "now hard", "c"), "max_tokens": 500}, "small")
-    assert (ctx.tier.name, ctx.session_route) == ("small", "kept")  # large cannot take 500 tokens: not held
+    assert (ctx.route.tier.name, ctx.route.session_route) == ("small", "kept")  # large cannot take 500 tokens: not held
 
 
 async def test_a_new_conversation_opening_alike_inherits_nothing() -> None:
     """Issue 38: conversation A "hi" -> small, A's hard turn -> large; a new conversation "hi" goes small."""
     stage = SessionStage(SessionStore(None))
     a1 = await _turn(stage, _conversation(("hi", "")), "small", answer="Hello! How can I help?")
-    assert (a1.tier.name, a1.session_route) == ("small", "new")
+    assert (a1.route.tier.name, a1.route.session_route) == ("small", "new")
     a2 = await _turn(stage, _conversation(("hi", "Hello! How can I help?"), ("prove it", "")), "large",
                      answer="A proof.")
-    assert (a2.tier.name, a2.session_route) == ("large", "upgraded")
+    assert (a2.route.tier.name, a2.route.session_route) == ("large", "upgraded")
     b1 = await _turn(stage, _conversation(("hi", "")), "small", answer="Hi there.")
-    assert (b1.tier.name, b1.session_route, b1.session_from) == ("small", "new", None)
-    assert b1.route_reason == "band: -> small"  # not held: the reason names the tier that serves
+    assert (b1.route.tier.name, b1.route.session_route, b1.route.session_from) == ("small", "new", None)
+    assert b1.route.route_reason == "band: -> small"  # not held: the reason names the tier that serves
     # A's next easy turn is found by its conversation so far (the assistant's replies included): held at large
     a3 = await _turn(stage, _conversation(("hi", "Hello! How can I help?"), ("prove it", "A proof."), ("thanks", "")),
                      "small")
-    assert (a3.tier.name, a3.session_route, a3.session_from) == ("large", "held", "small")
-    assert a3.route_reason is not None and a3.route_reason.startswith("held")
+    assert (a3.route.tier.name, a3.route.session_route, a3.route.session_from) == ("large", "held", "small")
+    assert a3.route.route_reason is not None and a3.route.route_reason.startswith("held")
     # the same user turns after another reply are another conversation: not held
     other = await _turn(stage, _conversation(("hi", "Hello! How can I help?"), ("prove it", "No."), ("thanks", "")),
                         "small")
-    assert (other.tier.name, other.session_route) == ("small", "new")
+    assert (other.route.tier.name, other.route.session_route) == ("small", "new")
 
 
 async def test_an_explicit_session_id_carries_a_first_turn() -> None:
     stage = SessionStage(SessionStore(None))
     await _turn(stage, _conversation(("plan a trip", "")), "large", header="s-1")
     ctx = await _turn(stage, _conversation(("hi", "")), "small", header="s-1")
-    assert (ctx.tier.name, ctx.session_route) == ("large", "held")
+    assert (ctx.route.tier.name, ctx.route.session_route) == ("large", "held")
     fresh = await _turn(stage, _conversation(("hi", "")), "small", header="s-2")
-    assert (fresh.tier.name, fresh.session_route) == ("small", "new")
+    assert (fresh.route.tier.name, fresh.route.session_route) == ("small", "new")
 
 
 @pytest.mark.parametrize("body", [
@@ -171,11 +171,11 @@ async def test_an_explicit_session_id_carries_a_first_turn() -> None:
 async def test_the_stage_leaves_alone_what_is_not_auto(body: dict) -> None:
     stage = SessionStage(SessionStore(None))
     ctx = await _turn(stage, body, "small")
-    assert ctx.session is None and ctx.session_route is None
+    assert ctx.route.session is None and ctx.route.session_route is None
 
 
 async def test_without_a_sessions_policy_nothing_is_recorded() -> None:
     store = SessionStore(None)
     config = gateway_config([tier("small", ["http://127.0.0.1:9/v1"])])
     ctx = await _turn(SessionStage(store), _chat("hi"), "small", config)
-    assert ctx.session is None and await store.peek("anything") is None
+    assert ctx.route.session is None and await store.peek("anything") is None

@@ -114,7 +114,7 @@ async def spilled(cfg: GatewayConfig, pool: ReplicaPool, difficulty: float, mode
                   metrics: GatewayMetrics | None = None, dry: bool = False) -> RequestContext:
     ctx = await parsed_context(cfg, {"model": model, "messages": [{"role": "user", "content": "Hi"}]})
     await PolicyStage()(ctx)
-    ctx.difficulty = difficulty
+    ctx.route.difficulty = difficulty
     await RouteStage()(ctx)
     step = SpillStage(pool, metrics=metrics)
     await (step.dry(ctx) if dry else step(ctx))
@@ -130,11 +130,11 @@ async def test_a_queued_tier_spills_to_the_next_tier_down_with_header_and_metric
     cfg, pool, metrics = config({"ttft_slo_ms": 500}), ReplicaPool(), GatewayMetrics()
     load(pool, cfg, "large", in_flight=4)  # 3 ahead x 2 s / 2 slots = 3 s queued
     ctx = await spilled(cfg, pool, 0.9, metrics=metrics)
-    assert ctx.tier is not None and ctx.tier.name == "small"
-    assert ctx.spill is not None and ctx.spill.spilled_from == "large"
+    assert ctx.route.tier is not None and ctx.route.tier.name == "small"
+    assert ctx.route.spill is not None and ctx.route.spill.spilled_from == "large"
     assert _headers(ctx)["x-gateway-spilled-from"] == "large"
-    assert ctx.route_reason is not None and ctx.route_reason.startswith("spilled: large predicted")
-    report = ctx.spill.report()
+    assert ctx.route.route_reason is not None and ctx.route.route_reason.startswith("spilled: large predicted")
+    report = ctx.route.spill.report()
     assert report["from"]["tier"] == "large" and report["from"]["ttft_ms"] > 3000  # type: ignore[index]
     assert report["to"]["tier"] == "small" and report["to"]["ttft_ms"] < 500  # type: ignore[index]
     assert spills(metrics, "large", "small") == 1
@@ -143,8 +143,8 @@ async def test_a_queued_tier_spills_to_the_next_tier_down_with_header_and_metric
 async def test_an_idle_tier_is_kept_and_nothing_is_counted() -> None:
     cfg, pool, metrics = config({"ttft_slo_ms": 500}), ReplicaPool(), GatewayMetrics()
     ctx = await spilled(cfg, pool, 0.9, metrics=metrics)
-    assert ctx.tier is not None and ctx.tier.name == "large"
-    assert ctx.spill is not None and ctx.spill.target is None
+    assert ctx.route.tier is not None and ctx.route.tier.name == "large"
+    assert ctx.route.spill is not None and ctx.route.spill.target is None
     assert "x-gateway-spilled-from" not in _headers(ctx)
     assert spills(metrics, "large", "small") == 0
 
@@ -155,7 +155,7 @@ async def test_no_spill_without_the_rule_for_a_named_model_or_turned_off() -> No
                        (config({"ttft_slo_ms": 500}, tenant_spill=False), "auto")):
         load(pool, cfg, "large", in_flight=4)
         ctx = await spilled(cfg, pool, 0.9, model=model)
-        assert ctx.tier is not None and ctx.tier.name == "large" and ctx.spill is None
+        assert ctx.route.tier is not None and ctx.route.tier.name == "large" and ctx.route.spill is None
 
 
 async def test_spill_up_from_a_saturated_small_tier() -> None:
@@ -164,17 +164,17 @@ async def test_spill_up_from_a_saturated_small_tier() -> None:
         cfg = config({"ttft_slo_ms": 500, "spill_up": up})
         load(pool, cfg, "small", in_flight=4)
         ctx = await spilled(cfg, pool, 0.1)
-        assert ctx.tier is not None and ctx.tier.name == served
+        assert ctx.route.tier is not None and ctx.route.tier.name == served
 
 
 async def test_the_admission_wait_counts_as_queue() -> None:
     cfg, pool = config({"ttft_slo_ms": 500}), ReplicaPool()
     ctx = await parsed_context(cfg, {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]})
     await PolicyStage()(ctx)
-    ctx.difficulty = 0.9
+    ctx.route.difficulty = 0.9
     await RouteStage()(ctx)
     await SpillStage(pool, wait=lambda t, _: 2.0 if t.name == "large" else 0.0)(ctx)
-    assert ctx.tier is not None and ctx.tier.name == "small"
+    assert ctx.route.tier is not None and ctx.route.tier.name == "small"
 
 
 async def test_by_quality_the_loss_bounds_the_spill() -> None:
@@ -183,16 +183,16 @@ async def test_by_quality_the_loss_bounds_the_spill() -> None:
     for small_quality, served in ((0.56, "small"), (0.54, "large")):
         ctx = await parsed_context(cfg, {"model": "auto", "messages": [{"role": "user", "content": "Hi"}]})
         await PolicyStage()(ctx)
-        ctx.tier = cfg.tiers["large"]
+        ctx.route.tier = cfg.tiers["large"]
         options = (TierOption("small", small_quality, 0.001), TierOption("large", 0.6, 0.01))
-        ctx.quality_choice = QualityChoice(options[1], options[1], 0.0, options)
+        ctx.route.quality_choice = QualityChoice(options[1], options[1], 0.0, options)
         await SpillStage(pool)(ctx)
-        assert ctx.tier.name == served
+        assert ctx.route.tier.name == served
 
 
 async def test_dry_decides_the_same_and_counts_nothing() -> None:
     cfg, pool, metrics = config({"ttft_slo_ms": 500}), ReplicaPool(), GatewayMetrics()
     load(pool, cfg, "large", in_flight=4)
     ctx = await spilled(cfg, pool, 0.9, metrics=metrics, dry=True)
-    assert ctx.tier is not None and ctx.tier.name == "small"
+    assert ctx.route.tier is not None and ctx.route.tier.name == "small"
     assert spills(metrics, "large", "small") == 0

@@ -84,7 +84,7 @@ async def test_a_predicted_slo_miss_is_shed_when_the_replica_is_busy_and_sent_wh
     admission = Admission.over()
     slow(admission.pool, t, 0.3)
     idle = await admission.admitted(config)  # over the SLO, but nothing runs there: the prediction may be stale
-    assert idle.predicted_ttft_s is not None and idle.predicted_ttft_s > 0.29 and len(idle.finishers) == 1
+    assert idle.route.predicted_ttft_s is not None and idle.route.predicted_ttft_s > 0.29 and len(idle.finishers) == 1
     Lease(admission.pool, t.replicas[0], t, 10, 0, config.routes.balancing)  # now one of ours runs there
     ctx = await admission.routed(config)
     with pytest.raises(Overloaded) as caught:
@@ -136,13 +136,13 @@ async def test_auto_traffic_browns_out_to_the_faster_tier_when_its_own_is_satura
     slow(admission.pool, config.tiers["large"], 0.5)
     auto = {**CHAT, "model": "auto"}
     held = await admission.admitted(config, auto)  # room: it stays
-    assert held.tier is not None and held.tier.name == "large" and held.brownout_from is None
+    assert held.route.tier is not None and held.route.tier.name == "large" and held.route.brownout_from is None
     ctx = await admission.routed(config, auto)
     ctx.cache_key = "resp:large-key"  # a cache miss on the first tier
     assert await admission.stage(ctx) is None
-    assert ctx.tier is not None and (ctx.tier.name, ctx.brownout_from) == ("small", "large")
-    assert ctx.candidates == config.tiers["small"].replicas and ctx.cache_key is None  # never stored as large's
-    assert ctx.predicted_ttft_s is not None and ctx.predicted_ttft_s < 0.1
+    assert ctx.route.tier is not None and (ctx.route.tier.name, ctx.route.brownout_from) == ("small", "large")
+    assert ctx.route.candidates == config.tiers["small"].replicas and ctx.cache_key is None  # never stored as large's
+    assert ctx.route.predicted_ttft_s is not None and ctx.route.predicted_ttft_s < 0.1
     assert admission.stage.gates["small"].in_flight == 1 and admission.stage.gates["large"].in_flight == 1
     labels = {"from_tier": "large", "to_tier": "small"}
     assert admission.metrics.registry.get_sample_value("gateway_brownouts_total", labels) == 1
@@ -159,7 +159,7 @@ async def test_no_brownout_for_a_named_tier_or_a_tenant_without_it(model: str, b
     with pytest.raises(Overloaded) as caught:
         await admission.stage(ctx)
     assert caught.value.code == "queue_full"
-    assert ctx.tier is not None and ctx.tier.name == "large" and ctx.brownout_from is None
+    assert ctx.route.tier is not None and ctx.route.tier.name == "large" and ctx.route.brownout_from is None
 
 
 async def test_after_a_queue_wait_the_replicas_are_ranked_again_with_the_affine_one_first() -> None:
@@ -169,7 +169,7 @@ async def test_after_a_queue_wait_the_replicas_are_ranked_again_with_the_affine_
     admission = Admission.over(prefixes)
     first = await admission.admitted(config)
     second = await admission.routed(config)
-    assert [r.name for r in second.candidates] == ["t-1", "t-0", "t-2"]  # the affinity stage's choice
+    assert [r.name for r in second.route.candidates] == ["t-1", "t-0", "t-2"]  # the affinity stage's choice
     waiting = asyncio.create_task(admission.stage(second))
     await asyncio.sleep(0.02)
     assert not waiting.done()
@@ -178,9 +178,9 @@ async def test_after_a_queue_wait_the_replicas_are_ranked_again_with_the_affine_
     assert await asyncio.wait_for(waiting, 1.0) is None and second.queue_ms > 0
     assert [r.name for r in admission.pool.rank(t, second.prompt_tokens_est, config.routes.balancing)] == [
         "t-0", "t-1"]  # the ranking alone would put t-0 first ...
-    assert [r.name for r in second.candidates] == ["t-1", "t-0"]  # ... the choice made again keeps the warm one
-    assert (second.prefix_replica, second.prefix_blocks) == ("t-1", 4)
-    assert second.prefix_tokens == estimate_tokens(4 * 64) == 64
+    assert [r.name for r in second.route.candidates] == ["t-1", "t-0"]  # ... the choice made again keeps the warm one
+    assert (second.route.prefix_replica, second.route.prefix_blocks) == ("t-1", 4)
+    assert second.route.prefix_tokens == estimate_tokens(4 * 64) == 64
     assert prefixes.lookups == 2  # the first request and the second: ranked again after its wait, not looked up again
 
 

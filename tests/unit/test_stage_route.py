@@ -34,14 +34,14 @@ async def routed(body: dict[str, Any] = CHAT, *, config: GatewayConfig = CONFIG,
     """A context through parse and policy, with the classifier's `difficulty`, then the route stage."""
     ctx = await parsed_context(config, body, api_key=api_key, endpoint=endpoint)
     await PolicyStage()(ctx)
-    ctx.difficulty = difficulty
+    ctx.route.difficulty = difficulty
     await route(ctx, pool or ReplicaPool())
     return ctx
 
 
 async def test_a_named_tier_is_taken_with_its_replicas_and_the_prompts_size() -> None:
     ctx = await routed({**CHAT, "model": "large"})
-    assert ctx.tier is LARGE and ctx.candidates == LARGE.replicas
+    assert ctx.route.tier is LARGE and ctx.route.candidates == LARGE.replicas
     assert ctx.prompt_tokens_est == ctx.input_tokens_est() == -(-len(PROMPT) // 4) == 13  # the reading's estimate
 
 
@@ -57,7 +57,7 @@ async def test_an_unknown_model_is_404_listing_the_models() -> None:
                                                        (1.0, "large"), (None, "small")])
 async def test_auto_takes_the_difficulty_bands_tier_or_the_default(difficulty: float | None, tier_name: str) -> None:
     ctx = await routed(difficulty=difficulty)
-    assert ctx.tier is not None and ctx.tier.name == tier_name
+    assert ctx.route.tier is not None and ctx.route.tier.name == tier_name
 
 
 def small_only_config(**policy: Any) -> GatewayConfig:
@@ -76,8 +76,8 @@ async def test_a_tier_the_tenant_may_not_use_is_403_and_auto_falls_back_to_its_d
     assert (error.status, error.code, error.param) == (403, "tier_not_allowed", "model")
     assert "may not use tier 'large' (allowed: small)" in error.message
     ctx = await routed(config=config, api_key=LIMITED_KEY, difficulty=0.9)  # the band says large
-    assert ctx.tier is not None and ctx.tier.name == "small"
-    assert (await routed({**CHAT, "model": "large"}, config=config)).tier == LARGE  # the other tenant may
+    assert ctx.route.tier is not None and ctx.route.tier.name == "small"
+    assert (await routed({**CHAT, "model": "large"}, config=config)).route.tier == LARGE  # the other tenant may
 
 
 async def test_max_tokens_over_the_tiers_context_window_is_400() -> None:
@@ -87,12 +87,12 @@ async def test_max_tokens_over_the_tiers_context_window_is_400() -> None:
     error = caught.value
     assert (error.status, error.param) == (400, "max_tokens")
     assert "'max_tokens' of 2049 exceeds the context window of tier 'small' (2048 tokens)" == error.message
-    assert (await routed({**CHAT, "model": "large", "max_tokens": 2049})).tier is LARGE  # 8192 tokens there
+    assert (await routed({**CHAT, "model": "large", "max_tokens": 2049})).route.tier is LARGE  # 8192 tokens there
 
 
 async def test_embedding_tiers_serve_only_the_embeddings_endpoint_and_back() -> None:
     ctx = await routed({"model": "auto", "input": "hello"}, endpoint="embeddings")
-    assert ctx.tier is EMBEDDER and ctx.candidates == ()  # served in process: no replicas
+    assert ctx.route.tier is EMBEDDER and ctx.route.candidates == ()  # served in process: no replicas
     with pytest.raises(InvalidRequest) as chat_there:
         await routed({**CHAT, "model": "minilm"})
     assert chat_there.value.param == "model"
@@ -105,8 +105,8 @@ async def test_embedding_tiers_serve_only_the_embeddings_endpoint_and_back() -> 
 async def test_candidates_are_ranked_by_predicted_ttft_and_unavailable_replicas_left_out() -> None:
     pool = ReplicaPool()
     first, second = SMALL.replicas
-    assert (await routed({**CHAT, "model": "small"}, pool=pool)).candidates == (first, second)
+    assert (await routed({**CHAT, "model": "small"}, pool=pool)).route.candidates == (first, second)
     Lease(pool, first, SMALL, 4000, 0, CONFIG.routes.balancing)  # a long prompt prefilling on the first
-    assert (await routed({**CHAT, "model": "small"}, pool=pool)).candidates == (second, first)
+    assert (await routed({**CHAT, "model": "small"}, pool=pool)).route.candidates == (second, first)
     pool.state(second).healthy = False
-    assert (await routed({**CHAT, "model": "small"}, pool=pool)).candidates == (first,)
+    assert (await routed({**CHAT, "model": "small"}, pool=pool)).route.candidates == (first,)

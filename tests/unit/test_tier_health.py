@@ -56,7 +56,7 @@ async def test_retry_after_follows_the_next_health_check(checked_ago_s: float, r
     pool = ReplicaPool()
     fail_health(pool, LARGE, 0, checked_ago_s)
     ctx: RequestContext = request_context(CONFIG, {"model": "large", "messages": []})
-    ctx.tier = LARGE
+    ctx.route.tier = LARGE
 
     async def never(replica: object) -> None:
         raise AssertionError("no replica may be tried")
