@@ -92,7 +92,7 @@ TARGETS: tuple[Target, ...] = (
                         "gateway/routing/session.py|gateway/stages/session.py"),
            (U + "test_sessions.py", U + "test_mutants_sessions.py", I + "test_sessions.py")),
     Target("resume", ("gateway/upstream/continuation.py", "gateway/upstream/resume.py"),
-           (U + "test_resume_pieces.py", I + "test_resume.py")),
+           (U + "test_resume_pieces.py", U + "test_mutants_resume.py", I + "test_resume.py")),
     Target("output-caps", ("gateway/sse.py",),
            (U + "test_sse.py", U + "test_sse_fuzz.py", I + "test_output_cap.py", I + "test_output_cap_choices.py")),
     Target("request-log-status", ("gateway/http.py",),
