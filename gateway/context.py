@@ -6,12 +6,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.config import GatewayConfig, Replica, TenantPolicy
+from gateway.config import GatewayConfig, TenantPolicy
 from gateway.config.tenants import Assignment
 from gateway.routing.decision import RouteDecision
 from gateway.reading import CHARS_PER_TOKEN, Reading
 from gateway.tokens import prompt_text
-from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply, UsageSource
+from gateway.upstream.record import UpstreamRecord
+from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply
 
 if TYPE_CHECKING:
     from gateway.routing.escalate import Escalation
@@ -55,30 +56,16 @@ class RequestContext:
     route: RouteDecision = field(default_factory=RouteDecision)  # tier, replicas and why (gateway.routing)
     prompt_tokens_est: int = 0  # the prompt's length in tokens, guessed from its characters (for routing)
     escalation: Escalation | None = None  # the first part of an escalated answer (gateway.routing.escalate)
-    held_logprobs: list[float] | None = None  # a held stream's tokens' log-probabilities so far (escalate.hold_tokens)
-    replica: Replica | None = None
-    attempts: int = 0
-    upstream_started: bool = False  # a replica accepted the request (answered 200)
+    upstream: UpstreamRecord = field(default_factory=UpstreamRecord)  # the hop and its answer (gateway.upstream)
 
     status: int = 0
     outcome: Outcome = "ok"
     error: str | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int = 0  # prompt tokens the backend served from its prefix cache (when it says)
-    completion_tokens: int | None = None
-    usage_source: UsageSource | None = None
     priced_from: str | None = None  # how the backend's work was priced (accounting: PRICED_FROM); None: it did none
-    stop_sequence: str | None = None  # the stop sequence the backend said ended the answer (protocols.base)
-    output_chunks: int = 0  # streamed chunks with content: one token each on llama.cpp and vLLM
-    response_text: str | None = None  # the answer's text: non-streamed, or streamed while caching or keep_text
     keep_text: bool = False  # collect a streamed answer's text (a shadow comparison needs it)
-    resumed_parts: list[Any] = field(default_factory=list)  # a resumed stream's parts (gateway.upstream.resume)
     session_header: str | None = None  # the client's x-session-id (the edge)
-    first_token_at: float | None = None
     finished_at: float | None = None
-    finish_reason: str | None = None
     queue_ms: float = 0.0
-    output_capped: bool = False  # the tenant's output cap ended the stream
     cost_usd: float = 0.0  # set by accounting
     cache: CacheStatus = "off"
     cache_key: str | None = None  # set on a miss that may be stored

@@ -186,8 +186,8 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
         headers["x-gateway-spilled-from"] = spilled
     if ctx.escalation is not None and ctx.escalation.outcome == "escalated":
         headers["x-gateway-escalated-from"] = ctx.escalation.from_tier.name
-    if ctx.replica is not None:
-        headers["x-gateway-backend"] = ctx.replica.name
+    if ctx.upstream.replica is not None:
+        headers["x-gateway-backend"] = ctx.upstream.replica.name
     if ctx.route.session_route is not None:  # held: the session's tier served, not the lower one routed (issue 32)
         headers["x-gateway-session"] = ctx.route.session_route if ctx.route.session_from is None else f"held from {ctx.route.session_from}"
     if ctx.route.difficulty is not None:

@@ -91,13 +91,13 @@ class ShadowTap:
     def _submit(self, ctx: RequestContext) -> None:
         tenant, tier = ctx.tenant, ctx.route.tier
         rule = tenant.shadow if tenant is not None else None
-        complete = ctx.status == 200 and ctx.outcome == "ok" and ctx.upstream_started and ctx.error is None
-        if rule is None or tier is None or tier.name != rule.from_tier or not complete or ctx.response_text is None:
+        complete = ctx.status == 200 and ctx.outcome == "ok" and ctx.upstream.upstream_started and ctx.error is None
+        if rule is None or tier is None or tier.name != rule.from_tier or not complete or ctx.upstream.response_text is None:
             self.sender.outcome("not_submitted", ctx.tenant_name, rule.from_tier if rule else "none",
                                 rule.to_tier if rule else "none")
             return
         arm = ctx.assignment
-        job = ShadowJob(ctx.request_id, ctx.tenant_name, rule, ctx.body, ctx.response_text, tier.name,
+        job = ShadowJob(ctx.request_id, ctx.tenant_name, rule, ctx.body, ctx.upstream.response_text, tier.name,
                         arm.experiment if arm else None, arm.arm if arm else None, ts=ctx.ts)
         # once every finisher has run: the request's own admission slot is free when pressure is checked
         asyncio.get_running_loop().call_soon(self.sender.submit, job)
@@ -152,13 +152,13 @@ class GatewaySend:
             if permit is not None:
                 permit.release()
         finished = time.perf_counter()
-        if not ctx.upstream_started:
+        if not ctx.upstream.upstream_started:
             return ShadowReply("", status)
         self._count_tokens(ctx)
-        prompt, completion = ctx.prompt_tokens or 0, ctx.completion_tokens or 0
-        cost = tier.price_at(utc_day(ctx.ts)).cost_usd(prompt, completion, ctx.cached_tokens)
-        ttft = (ctx.first_token_at - ctx.started) * 1000 if ctx.first_token_at is not None else None
-        return ShadowReply(ctx.response_text or "", status, cost, None if ttft is None else round(ttft, 3),
+        prompt, completion = ctx.upstream.prompt_tokens or 0, ctx.upstream.completion_tokens or 0
+        cost = tier.price_at(utc_day(ctx.ts)).cost_usd(prompt, completion, ctx.upstream.cached_tokens)
+        ttft = (ctx.upstream.first_token_at - ctx.started) * 1000 if ctx.upstream.first_token_at is not None else None
+        return ShadowReply(ctx.upstream.response_text or "", status, cost, None if ttft is None else round(ttft, 3),
                            round((finished - ctx.started) * 1000, 3), prompt, completion)
 
 

@@ -65,10 +65,10 @@ def render(wire: Wire, ctx: RequestContext, reply: Reply, count_tokens: Callable
     chat = orjson.loads(reply.body)
     choice = chat["choices"][0]
     message = choice.get("message") or {}
-    answer = ChatAnswer(message.get("content") or "", ctx.finish_reason, str(chat.get("model", "")),
-                        ctx.prompt_tokens or 0, ctx.completion_tokens or 0,
-                        matched_stop(chat, choice) if ctx.finish_reason == "stop" else None)
-    ctx.stop_sequence = answer.stop_sequence  # a cached copy replays it
+    answer = ChatAnswer(message.get("content") or "", ctx.upstream.finish_reason, str(chat.get("model", "")),
+                        ctx.upstream.prompt_tokens or 0, ctx.upstream.completion_tokens or 0,
+                        matched_stop(chat, choice) if ctx.upstream.finish_reason == "stop" else None)
+    ctx.upstream.stop_sequence = answer.stop_sequence  # a cached copy replays it
     return JsonReply(reply.status, wire.render(ctx, answer), reply.headers)
 
 
@@ -105,7 +105,7 @@ class TranslatedStream:
         answer = self._answer
         if payload == DONE:
             answer.text = "".join(self._pieces)
-            self._ctx.stop_sequence = answer.stop_sequence  # a cached copy replays it
+            self._ctx.upstream.stop_sequence = answer.stop_sequence  # a cached copy replays it
             return self._events.end(answer)
         chunk = orjson.loads(payload)  # the relay forwards only parsed events
         out = b""

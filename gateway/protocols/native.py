@@ -36,9 +36,8 @@ def settle(ctx: RequestContext, response: dict[str, Any]) -> str | None:
         raise TypeError("not a response object")
     usage = response.get("usage")
     if isinstance(usage, dict):
-        ctx.prompt_tokens, ctx.completion_tokens = usage.get("input_tokens"), usage.get("output_tokens")
-        ctx.usage_source = "backend"
-    ctx.finish_reason = "length" if response.get("status") == "incomplete" else "stop"
+        ctx.upstream.reported(usage.get("input_tokens"), usage.get("output_tokens"))
+    ctx.upstream.finished("length" if response.get("status") == "incomplete" else "stop")
     texts = [part.get("text") for item in response.get("output") or () if isinstance(item, dict)
              for part in item.get("content") or () if isinstance(part, dict) and part.get("type") == "output_text"]
     return "".join(t for t in texts if isinstance(t, str)) if texts else None

@@ -89,7 +89,7 @@ def _response(ctx: RequestContext, answer: ChatAnswer | None, status: str) -> di
         response["usage"] = {
             "input_tokens": answer.prompt_tokens, "output_tokens": answer.completion_tokens,
             "total_tokens": answer.prompt_tokens + answer.completion_tokens,
-            "input_tokens_details": {"cached_tokens": ctx.cached_tokens},
+            "input_tokens_details": {"cached_tokens": ctx.upstream.cached_tokens},
             "output_tokens_details": {"reasoning_tokens": 0},
         }
     return response

@@ -156,7 +156,7 @@ def log_fields(ctx: RequestContext, day: date, served_cost: float) -> dict[str, 
         report["hold_tokens"] = first.rule.hold_tokens
     if first.outcome == "escalated":
         report["parts"] = [part, {
-            "tier": ctx.route.tier.name if ctx.route.tier else None, "replica": ctx.replica.name if ctx.replica else None,
-            "prompt_tokens": ctx.prompt_tokens or 0, "completion_tokens": ctx.completion_tokens or 0,
+            "tier": ctx.route.tier.name if ctx.route.tier else None, "replica": ctx.upstream.replica.name if ctx.upstream.replica else None,
+            "prompt_tokens": ctx.upstream.prompt_tokens or 0, "completion_tokens": ctx.upstream.completion_tokens or 0,
             "cost_usd": served_cost}]
     return {"escalated_from": first.from_tier.name if first.outcome == "escalated" else None, "escalation": report}

@@ -55,11 +55,11 @@ class Accountant:
         cost, avoided, baseline = _prices(ctx, utc_day(ctx.ts))
         ctx.cost_usd = cost
         e2e_s = now - ctx.started
-        ttft_s = ctx.first_token_at - ctx.started if ctx.first_token_at is not None else None
+        ttft_s = ctx.upstream.first_token_at - ctx.started if ctx.upstream.first_token_at is not None else None
         tpot_s = None
-        completion = ctx.completion_tokens or 0
-        if ctx.stream and ctx.first_token_at is not None and completion > 1:
-            tpot_s = (now - ctx.first_token_at) / (completion - 1)
+        completion = ctx.upstream.completion_tokens or 0
+        if ctx.stream and ctx.upstream.first_token_at is not None and completion > 1:
+            tpot_s = (now - ctx.upstream.first_token_at) / (completion - 1)
         tier = ctx.route.tier.name if ctx.route.tier else None
         fields = {
             "request_id": ctx.request_id,
@@ -71,15 +71,15 @@ class Accountant:
             "quality": _qualities(ctx),
             "route_reason": ctx.route.route_reason,
             "tier": tier,
-            "backend": ctx.replica.name if ctx.replica else None,
+            "backend": ctx.upstream.replica.name if ctx.upstream.replica else None,
             "status": ctx.status,
             "outcome": ctx.outcome,
             "error": bounded(ctx.error),
             "stream": ctx.stream,
-            "prompt_tokens": ctx.prompt_tokens or 0,
+            "prompt_tokens": ctx.upstream.prompt_tokens or 0,
             "completion_tokens": completion,
-            "cached_tokens": ctx.cached_tokens,
-            "usage_source": ctx.usage_source,
+            "cached_tokens": ctx.upstream.cached_tokens,
+            "usage_source": ctx.upstream.usage_source,
             "priced_from": ctx.priced_from,
             "ttft_ms": _ms(ttft_s),
             "tpot_ms": _ms(tpot_s),
@@ -94,18 +94,18 @@ class Accountant:
             **escalation_fields(ctx, day := utc_day(ctx.ts), round(cost - first_cost(ctx, day), 12)),
             "max_tokens": ctx.max_tokens,
             "max_tokens_clamped_from": ctx.max_tokens_asked,
-            "attempts": ctx.attempts,
+            "attempts": ctx.upstream.attempts,
             "prefix_blocks": ctx.route.prefix_blocks,
-            "output_capped": ctx.output_capped,
-            "finish_reason": bounded(ctx.finish_reason),
+            "output_capped": ctx.upstream.output_capped,
+            "finish_reason": bounded(ctx.upstream.finish_reason),
             "cache": ctx.cache,
             "cost_usd": cost,
             "avoided_cost_usd": avoided,
             "baseline_cost_usd": baseline,
             "saved_usd": round(baseline - cost, 9),
             "ttft_slo_ms": ctx.tenant.ttft_slo_ms if ctx.tenant else None,
-            "resumed": bool(ctx.resumed_parts),  # a stream that broke and went on elsewhere (issue 32)
-            "parts": priced_parts(ctx, utc_day(ctx.ts)) if ctx.resumed_parts else None,
+            "resumed": bool(ctx.upstream.resumed_parts),  # a stream that broke and went on elsewhere (issue 32)
+            "parts": priced_parts(ctx, utc_day(ctx.ts)) if ctx.upstream.resumed_parts else None,
             "session": ctx.route.session,  # the sticky-tier session, and what it did to this turn's tier
             "session_route": ctx.route.session_route,
         }
@@ -127,16 +127,16 @@ class Accountant:
         """Fill in counts the backend did not report: output chunks (streams) or a tokenizer; an abandoned
         attempt's estimated output stays. Once: the relay counts when it sends the client a usage chunk of its
         own, and the log line then says the same. Says what the price is made of (`priced_from`)."""
-        if ctx.usage_source == "backend":
+        if ctx.upstream.usage_source == "backend":
             ctx.priced_from = "backend_usage"
-        if ctx.usage_source is not None or not (ctx.upstream_started or ctx.priced_from) or ctx.route.tier is None:
+        if ctx.upstream.usage_source is not None or not (ctx.upstream.upstream_started or ctx.priced_from) or ctx.route.tier is None:
             return
         counter = self._counters.for_spec(ctx.route.tier.tokenizer)
-        ctx.prompt_tokens = counter.count_prompt(ctx.endpoint, ctx.body)
+        completion = None
         if ctx.priced_from is None:
-            ctx.completion_tokens = ctx.output_chunks if ctx.stream else counter.count(ctx.response_text or "")
+            completion = ctx.upstream.output_chunks if ctx.stream else counter.count(ctx.upstream.response_text or "")
             ctx.priced_from = "counted"
-        ctx.usage_source = "counted"
+        ctx.upstream.counted(counter.count_prompt(ctx.endpoint, ctx.body), completion)
 
 
 def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
@@ -146,10 +146,10 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     answer: the prompt and the estimated output); cache hits cost 0 and avoided their tier's price; requests
     no backend worked on cost 0 against a baseline of 0."""
     hit = ctx.cache in ("hit", "semantic_hit")
-    if ctx.route.tier is None or not (ctx.upstream_started or ctx.priced_from or hit):
+    if ctx.route.tier is None or not (ctx.upstream.upstream_started or ctx.priced_from or hit):
         return 0.0, 0.0, 0.0
-    tokens = (ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
-    priced = (sum(part["cost_usd"] for part in priced_parts(ctx, day)) if ctx.resumed_parts
+    tokens = (ctx.upstream.prompt_tokens or 0, ctx.upstream.completion_tokens or 0, ctx.upstream.cached_tokens)
+    priced = (sum(part["cost_usd"] for part in priced_parts(ctx, day)) if ctx.upstream.resumed_parts
               else ctx.route.tier.price_at(day).cost_usd(*tokens))  # a resumed answer: each part on its own tier
     base = ctx.config.baseline
     baseline = priced if base is ctx.route.tier else base.price_at(day).cost_usd(*tokens)

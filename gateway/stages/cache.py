@@ -6,7 +6,6 @@ events); errors, cancelled and broken streams never are. A hit costs nothing and
 
 from __future__ import annotations
 
-import time
 
 from gateway.cache.answers import CachedAnswer, Replay, json_body, sse_body
 from gateway.cache.keys import cacheable, response_key, scope_of
@@ -59,24 +58,20 @@ class CacheStage:
 
 def _storable_answer(ctx: RequestContext) -> CachedAnswer | None:
     """The answer to store: only a complete, successful, uncapped one with known token counts."""
-    complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None and not ctx.output_capped
-    if not complete or ctx.finish_reason not in STORABLE_FINISH or ctx.response_text is None:
+    complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None and not ctx.upstream.output_capped
+    if not complete or ctx.upstream.finish_reason not in STORABLE_FINISH or ctx.upstream.response_text is None:
         return None
-    if ctx.prompt_tokens is None or ctx.completion_tokens is None:
+    if ctx.upstream.prompt_tokens is None or ctx.upstream.completion_tokens is None:
         return None
-    model = ctx.replica.model if ctx.replica else ""
-    return CachedAnswer(ctx.response_text, ctx.finish_reason or "stop", ctx.prompt_tokens, ctx.completion_tokens,
-                        model, ctx.stop_sequence)
+    model = ctx.upstream.replica.model if ctx.upstream.replica else ""
+    return CachedAnswer(ctx.upstream.response_text, ctx.upstream.finish_reason or "stop", ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens,
+                        model, ctx.upstream.stop_sequence)
 
 
 def _replay(ctx: RequestContext, answer: CachedAnswer, status: CacheStatus) -> Reply:
     ctx.cache = status
     headers = HIT_HEADERS if status == "hit" else SEMANTIC_HIT_HEADERS
-    ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = (
-        answer.prompt_tokens, answer.completion_tokens, "cache")
-    ctx.finish_reason = answer.finish_reason
-    ctx.output_chunks = 1
-    ctx.first_token_at = time.perf_counter()
+    ctx.upstream.replayed(answer.prompt_tokens, answer.completion_tokens, answer.finish_reason)
     if ctx.stream:
         body = sse_body(ctx.endpoint, answer, ctx.request_id, ctx.client_wants_usage)
         return StreamReply(Replay(body), headers)

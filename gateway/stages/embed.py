@@ -44,17 +44,16 @@ class EmbedStage:
         if tier.embedder is None and self._remote is not None:
             vectors = await self._remote.embed(ctx, texts)
         elif tier.embedder is not None and self._embedder is not None:
-            ctx.upstream_started = True
+            ctx.upstream.began()
             found, encoded = await self._embedder.embed_many(texts, scope=inputs_scope(ctx))
             ctx.cache = "miss" if encoded else "hit"  # a hit: every input came from the LRU or Redis (priced 0)
             vectors = float16_rounded(found)
         else:
             return None
-        ctx.first_token_at = time.perf_counter()
-        ctx.finish_reason = "stop"
+        ctx.upstream.finished("stop", time.perf_counter())
         # in process, or a backend that reported no usage: the tier tokenizer's count of the inputs (all of them)
         self._count_tokens(ctx)
-        body = render(vectors, ctx.body.get("encoding_format", "float"), tier.name, ctx.prompt_tokens or 0)
+        body = render(vectors, ctx.body.get("encoding_format", "float"), tier.name, ctx.upstream.prompt_tokens or 0)
         return JsonReply(200, body)
 
 

@@ -315,8 +315,8 @@ class RequestTrace:
             if self._first_byte_at is not None:
                 keys, values = _WITH_TTFB[keys], (*values, (self._first_byte_at - self._sent_at) * 1000)
                 events = (("first_byte", _wall_ns(self._first_byte_at)),)
-            if ctx.first_token_at is not None:
-                events = (*(events or ()), ("first_token", _wall_ns(ctx.first_token_at)))
+            if ctx.upstream.first_token_at is not None:
+                events = (*(events or ()), ("first_token", _wall_ns(ctx.upstream.first_token_at)))
         else:
             span_id = getrandbits(64) or _new_id(64)
             keys, values = _stage_attributes(name, ctx)
@@ -385,10 +385,10 @@ def _all(headers: Mapping[str, str], name: str) -> list[str]:
 
 
 def _upstream(ctx: RequestContext) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    if ctx.replica is None:
-        return _ATTEMPTS, (ctx.attempts,)
-    host, port = _address(ctx.replica.url)
-    return _BACKEND, (ctx.replica.name, ctx.attempts, host, port)
+    if ctx.upstream.replica is None:
+        return _ATTEMPTS, (ctx.upstream.attempts,)
+    host, port = _address(ctx.upstream.replica.url)
+    return _BACKEND, (ctx.upstream.replica.name, ctx.upstream.attempts, host, port)
 
 
 @lru_cache(maxsize=1024)
@@ -400,11 +400,11 @@ def _address(url: str) -> tuple[str, int]:
 
 def _request_attributes(ctx: RequestContext, operation: str) -> tuple[Any, ...]:
     """GenAI semantic-convention attributes, and the gateway's own: the values of ROOT_KEYS (None: absent)."""
-    return (operation, ctx.model_requested, ctx.replica.model if ctx.replica else None, ctx.max_tokens,
-            ctx.prompt_tokens, ctx.completion_tokens, (ctx.finish_reason,) if ctx.finish_reason else None,
+    return (operation, ctx.model_requested, ctx.upstream.replica.model if ctx.upstream.replica else None, ctx.max_tokens,
+            ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, (ctx.upstream.finish_reason,) if ctx.upstream.finish_reason else None,
             ctx.status, ctx.request_id, ctx.tenant_name, ctx.route.tier.name if ctx.route.tier else None, ctx.route.difficulty,
             ctx.queue_ms, ctx.cache, ctx.cost_usd, ctx.outcome, ctx.error,
-            (ctx.first_token_at - ctx.started) * 1000 if ctx.first_token_at is not None else None,
+            (ctx.upstream.first_token_at - ctx.started) * 1000 if ctx.upstream.first_token_at is not None else None,
             *((ctx.assignment.experiment, ctx.assignment.arm) if ctx.assignment is not None else _NO_ARM))
 
 

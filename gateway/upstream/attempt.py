@@ -122,13 +122,13 @@ class Attempt:
 def may_try(ctx: RequestContext, pool: ReplicaPool, metrics: GatewayMetrics, replica: Replica) -> bool:
     """Whether the request may try `replica` now: its first try may, each later one (failover, a stream's
     continuation) takes one retry from the budget. Counts the try."""
-    if ctx.attempts:
+    if ctx.upstream.attempts:
         if not pool.retries.try_retry(ctx.config.routes.balancing.retry_budget):
             metrics.retries.labels("budget_exhausted").inc()
             log.warning("retry_budget_exhausted", request_id=ctx.request_id, backend=replica.name)
             return False
         metrics.retries.labels("sent").inc()
-    ctx.attempts += 1
+    ctx.upstream.attempts += 1
     return True
 
 
@@ -146,14 +146,14 @@ async def failover(ctx: RequestContext, pool: ReplicaPool, metrics: GatewayMetri
     for replica in ctx.route.candidates[: settings.max_attempts]:
         if not may_try(ctx, pool, metrics, replica):
             break
-        ctx.replica = replica
+        ctx.upstream.replica = replica
         try:
             return await attempt(replica)
         except Retry as retry:
             last = retry.error
             metrics.upstream_failures.labels(replica.name).inc()
             log.warning("upstream_attempt_failed", request_id=ctx.request_id, backend=replica.name,
-                        attempt=ctx.attempts, reason=retry.error.message)
+                        attempt=ctx.upstream.attempts, reason=retry.error.message)
     ctx.error = last.code or last.type
     raise last
 

@@ -63,9 +63,9 @@ class RemoteEmbeddings:
         finally:
             counted = [answer.prompt_tokens for answer in answers if answer.prompt_tokens is not None]
             if answers and len(counted) == len(answers):  # else the tier tokenizer counts all the inputs
-                ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = sum(counted), 0, "backend"
+                ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, ctx.upstream.usage_source = sum(counted), 0, "backend"
         if not answers:
-            ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = 0, 0, "cache"
+            ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, ctx.upstream.usage_source = 0, 0, "cache"
         return np.array([found[text] for text in texts], dtype=np.float32)
 
     async def _embed_missing(self, ctx: RequestContext, model: str, dimensions: int, missing: dict[str, str],
@@ -105,7 +105,7 @@ class RemoteEmbeddings:
         async def one(replica: Replica) -> Embedded:
             with Attempt(ctx, self._pool, replica, tokens=tokens) as attempt:
                 answer = await embed(self._client, replica, texts, dimensions, settings, headers)
-            ctx.upstream_started = True
+            ctx.upstream.upstream_started = True
             attempt.answered(decode_s=0.0)  # an embedding is a first token: its latency feeds TTFT and the limiter
             return answer
 

@@ -47,9 +47,10 @@ log = structlog.get_logger("gateway.escalate")
 OUTCOMES = ("kept", "escalated", "no_confidence", "no_replica", "shed", "failed")
 HITS = ("hit", "semantic_hit")
 # what the second hop changes in the context, put back when it does not answer (the first answer is returned)
-# (the route's record, `ctx.route`, is saved whole: a copy, put back whole)
-_STATE = ("replica", "attempts", "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source", "priced_from",
-          "finish_reason", "response_text", "first_token_at", "output_capped", "error", "first_byte_hooks", "cache_key")
+# (the route's record, `ctx.route`, is saved whole: a copy, put back whole; of `ctx.upstream`, these fields)
+_STATE = ("priced_from", "error", "first_byte_hooks", "cache_key")
+_UPSTREAM_STATE = ("replica", "attempts", "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source",
+                   "finish_reason", "response_text", "first_token_at", "output_capped")
 
 
 class EscalateStage:
@@ -65,10 +66,10 @@ class EscalateStage:
 
     async def __call__(self, ctx: RequestContext, reply: Reply) -> Reply:
         rule = armed(ctx)
-        if rule is None or not ctx.upstream_started or ctx.cache in HITS:
+        if rule is None or not ctx.upstream.upstream_started or ctx.cache in HITS:
             return reply
         if isinstance(reply, StreamReply):
-            return await self._held(ctx, reply, rule) if ctx.held_logprobs is not None else reply
+            return await self._held(ctx, reply, rule) if ctx.upstream.held_logprobs is not None else reply
         if reply.status != 200:
             return reply
         try:
@@ -77,7 +78,7 @@ class EscalateStage:
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             return reply
         value = confidence(token_logprobs(choice), rule.measure) if isinstance(choice, dict) else None
-        first = self._first(ctx, rule, value, ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens)
+        first = self._first(ctx, rule, value, ctx.upstream.prompt_tokens or 0, ctx.upstream.completion_tokens or 0, ctx.upstream.cached_tokens)
         if not escalates(value, rule):
             self._kept(ctx, first)
             return self._client_answer(ctx, reply, answer)
@@ -89,7 +90,7 @@ class EscalateStage:
 
     async def _held(self, ctx: RequestContext, reply: StreamReply, rule: Escalate) -> Reply:
         """A stream held for its first `hold_tokens` tokens (none sent yet): kept, or the next tier's stream."""
-        logprobs = ctx.held_logprobs
+        logprobs = ctx.upstream.held_logprobs
         assert logprobs is not None and rule.hold_tokens is not None and ctx.route.tier is not None
         source = reply.source
         rest: AsyncIterator[bytes] | None = source.chunks()
@@ -123,19 +124,19 @@ class EscalateStage:
     def _end_first(ctx: RequestContext, source: Any) -> None:
         """Close the held stream's relay (it releases its lease and tallies what it generated into the context),
         take its tokens for the first part, and give the context back to the second."""
-        keep = {name: getattr(ctx, name) for name in ("output_capped", "error", "cached_tokens")}
+        capped, error, cached = ctx.upstream.output_capped, ctx.error, ctx.upstream.cached_tokens
         source.close()
         first = ctx.escalation
         assert first is not None
-        if ctx.usage_source == "backend":  # it ended within the hold: its own counts
-            prompt, completion = ctx.prompt_tokens or first.prompt_tokens, ctx.completion_tokens or 0
+        if ctx.upstream.usage_source == "backend":  # it ended within the hold: its own counts
+            prompt, completion = ctx.upstream.prompt_tokens or first.prompt_tokens, ctx.upstream.completion_tokens or 0
         else:
-            prompt, completion = first.prompt_tokens, max(first.completion_tokens, ctx.output_chunks)
+            prompt, completion = first.prompt_tokens, max(first.completion_tokens, ctx.upstream.output_chunks)
         ctx.escalation = dataclasses.replace(first, prompt_tokens=prompt, completion_tokens=completion)
-        ctx.prompt_tokens = ctx.completion_tokens = ctx.usage_source = ctx.priced_from = None
-        ctx.output_chunks, ctx.first_token_at, ctx.finish_reason, ctx.response_text = 0, None, None, None
-        for name, value in keep.items():
-            setattr(ctx, name, value)
+        ctx.upstream.prompt_tokens = ctx.upstream.completion_tokens = ctx.upstream.usage_source = ctx.priced_from = None
+        upstream = ctx.upstream
+        upstream.output_chunks, upstream.first_token_at, upstream.finish_reason, upstream.response_text = 0, None, None, None
+        ctx.upstream.output_capped, ctx.error, ctx.upstream.cached_tokens = capped, error, cached
 
     async def _second(self, ctx: RequestContext, first: Escalation) -> Reply | str:
         """The next tier's answer, or why there is none (the context as the first answer left it)."""
@@ -143,6 +144,7 @@ class EscalateStage:
         assert target is not None  # armed: a tier above
         saved: dict[str, Any] = {name: getattr(ctx, name) for name in _STATE}
         saved["route"] = dataclasses.replace(ctx.route)
+        saved["upstream"] = {name: getattr(ctx.upstream, name) for name in _UPSTREAM_STATE}
         choice = await self._rank.choose(ctx, target)
         ctx.escalation = first  # from here the request is escalated: no more log-probabilities asked
         if not choice.replicas:
@@ -157,9 +159,9 @@ class EscalateStage:
                 return self._back(ctx, saved, first, "shed")
         ctx.route.escalate_to(target)
         choice.apply(ctx)
-        ctx.attempts = 0  # not a retry: the budget is for failures
-        ctx.prompt_tokens = ctx.completion_tokens = ctx.usage_source = ctx.priced_from = None
-        ctx.cached_tokens, ctx.cache_key = 0, None  # never stored: the key is the first tier's
+        ctx.upstream.attempts = 0  # not a retry: the budget is for failures
+        ctx.upstream.prompt_tokens = ctx.upstream.completion_tokens = ctx.upstream.usage_source = ctx.priced_from = None
+        ctx.upstream.cached_tokens, ctx.cache_key = 0, None  # never stored: the key is the first tier's
         ctx.first_byte_hooks = [permit.sample] if permit is not None else []
         try:
             reply = await self._hop.answer(ctx)
@@ -177,12 +179,16 @@ class EscalateStage:
                 ctx.finishers.append(lambda _: permit.release())
             else:
                 permit.release()
-        ctx.attempts += saved["attempts"]
+        ctx.upstream.attempts += saved["upstream"]["attempts"]
         return reply
 
     def _back(self, ctx: RequestContext, saved: dict[str, Any], first: Escalation, outcome: str) -> str:
         for name, value in saved.items():
-            setattr(ctx, name, value)
+            if name == "upstream":
+                for field, kept in value.items():
+                    setattr(ctx.upstream, field, kept)
+            else:
+                setattr(ctx, name, value)
         ctx.escalation = dataclasses.replace(first, outcome=outcome)
         self.outcomes[outcome].inc()
         return outcome
@@ -191,7 +197,7 @@ class EscalateStage:
     def _first(ctx: RequestContext, rule: Escalate, value: float | None, prompt: int, completion: int,
                cached: int) -> Escalation:
         assert ctx.route.tier is not None
-        return Escalation(rule, value, ctx.route.tier, ctx.replica.name if ctx.replica else None, prompt, completion, cached,
+        return Escalation(rule, value, ctx.route.tier, ctx.upstream.replica.name if ctx.upstream.replica else None, prompt, completion, cached,
                           round((time.perf_counter() - ctx.started) * 1000, 3))
 
     def _kept(self, ctx: RequestContext, first: Escalation) -> None:

@@ -69,15 +69,15 @@ class UpstreamHop:
             with attempt:
                 response = await attempt.post(self._client, "/responses" if is_native(ctx) else PATHS[ctx.endpoint],
                                               orjson.dumps(self._body(ctx, replica)))
-                ctx.upstream_started = True
+                ctx.upstream.upstream_started = True
                 if not ctx.stream:
                     reply, decode_s = await settle_json(ctx, response, replica)
-                    attempt.answered((ctx.completion_tokens or 0) // outputs(ctx)[1], decode_s)  # per output: TPOT
+                    attempt.answered((ctx.upstream.completion_tokens or 0) // outputs(ctx)[1], decode_s)  # per output: TPOT
                     return reply
                 first = await attempt.first_bytes()
                 return StreamReply(self._relay(ctx, attempt, first))
         except asyncio.CancelledError:
-            if ctx.usage_source is None:  # the client left
+            if ctx.upstream.usage_source is None:  # the client left
                 price_abandoned(ctx, self._pool.state(replica), time.perf_counter() - attempt.sent_at)
             raise
 
@@ -89,9 +89,9 @@ class UpstreamHop:
         collect = ctx.cache_key is not None or ctx.keep_text or resumer is not None
         scanner: SseScanner
         if armed(ctx) is not None:  # held for its first tokens' confidence (escalate.hold_tokens)
-            ctx.held_logprobs = []
+            ctx.upstream.held_logprobs = []
             scanner = HoldScanner(ctx.endpoint, forward_usage=ctx.client_wants_usage, collect_text=collect,
-                                  limit=limit, outputs=outputs(ctx)[0], logprobs=ctx.held_logprobs,
+                                  limit=limit, outputs=outputs(ctx)[0], logprobs=ctx.upstream.held_logprobs,
                                   strip=not client_asked(ctx.endpoint, ctx.body))
         else:
             scanner = (ResponsesScanner if is_native(ctx) else SseScanner)(

@@ -11,7 +11,7 @@ first that answers streams on through a `ContinuationScanner`: the client sees o
 
 Never for `n > 1`, requests offering tools, completions with a non-string prompt, or tiers serving a protocol
 natively: the stream then ends with its error event, saying why it was not resumed. The context keeps each
-part (`ctx.resumed_parts`: replica, tier, tokens sent before it); accounting prices each part on its own tier
+part (`ctx.upstream.resumed_parts`: replica, tier, tokens sent before it); accounting prices each part on its own tier
 (`part_tokens`). Metric: `gateway_stream_resumes_total{outcome}`.
 """
 
@@ -184,17 +184,17 @@ class StreamResumer:
         """Hand the relay the next part, and record it in the context."""
         ctx = self._ctx
         replica = attempt.replica
-        assert ctx.replica is not None and ctx.route.tier is not None
-        if not ctx.resumed_parts:
-            ctx.resumed_parts.append(ResumePart(ctx.replica.name, ctx.route.tier, 0))
-        ctx.resumed_parts.append(ResumePart(replica.name, tier, sent))
-        ctx.replica = replica
+        assert ctx.upstream.replica is not None and ctx.route.tier is not None
+        if not ctx.upstream.resumed_parts:
+            ctx.upstream.resumed_parts.append(ResumePart(ctx.upstream.replica.name, ctx.route.tier, 0))
+        ctx.upstream.resumed_parts.append(ResumePart(replica.name, tier, sent))
+        ctx.upstream.replica = replica
         ctx.cache_key = None  # a resumed answer is never stored: it is two generations
         log.info("stream_resumed", request_id=ctx.request_id, backend=replica.name, tier=tier.name, reason=code,
-                 sent=sent, part=len(ctx.resumed_parts))
+                 sent=sent, part=len(ctx.upstream.resumed_parts))
         self._app.outcomes["resumed"].inc()
         response, self._held = attempt.hand_over()
-        before = tuple(part.sent_before for part in ctx.resumed_parts)
+        before = tuple(part.sent_before for part in ctx.upstream.resumed_parts)
         continued = ContinuationScanner(scanner, before, completions=completions)
         return Continuation(response, first, continued, ResumedSink(ctx, self._held, self._app.count_tokens, before))
 
@@ -224,7 +224,7 @@ class ResumedSink(ContextSink):
 
     def closed(self, tally: StreamTally, end: StreamEnd) -> None:
         super().closed(tally, end)
-        if self._ctx.usage_source is None and self._ctx.upstream_started:
+        if self._ctx.upstream.usage_source is None and self._ctx.upstream.upstream_started:
             self._count_tokens(self._ctx)
             self._as_work()
 
@@ -236,17 +236,17 @@ class ResumedSink(ContextSink):
     def _as_work(self) -> None:
         """The request's prompt (P, the client's) made every part's: n*P + sum(k_i)."""
         ctx = self._ctx
-        if ctx.prompt_tokens is not None:
-            ctx.prompt_tokens = ctx.prompt_tokens * len(self._sent) + sum(self._sent)
+        if ctx.upstream.prompt_tokens is not None:
+            ctx.upstream.prompt_tokens = ctx.upstream.prompt_tokens * len(self._sent) + sum(self._sent)
 
 
 def part_tokens(ctx: RequestContext) -> list[tuple[ResumePart, int, int]]:
     """Each part of a resumed answer with its (prompt, completion) tokens, from the request's totals: part i read
     the original prompt P plus the k_i tokens sent before it, so the prompt total is n*P + sum(k_i)."""
-    parts = ctx.resumed_parts
+    parts = ctx.upstream.resumed_parts
     sent = [part.sent_before for part in parts]
-    prompt = ((ctx.prompt_tokens or 0) - sum(sent)) // len(parts)
-    ends = [*sent[1:], max(ctx.completion_tokens or 0, sent[-1])]
+    prompt = ((ctx.upstream.prompt_tokens or 0) - sum(sent)) // len(parts)
+    ends = [*sent[1:], max(ctx.upstream.completion_tokens or 0, sent[-1])]
     return [(part, prompt + part.sent_before, end - part.sent_before) for part, end in zip(parts, ends, strict=True)]
 
 
@@ -256,7 +256,7 @@ def priced_parts(ctx: RequestContext, day: date) -> list[dict[str, Any]]:
     parts = part_tokens(ctx)
     out = []
     for i, (part, prompt, completion) in enumerate(parts):
-        cached = min(ctx.cached_tokens, prompt) if i == len(parts) - 1 else 0
+        cached = min(ctx.upstream.cached_tokens, prompt) if i == len(parts) - 1 else 0
         out.append({"replica": part.replica, "tier": part.tier.name, "prompt_tokens": prompt,
                     "completion_tokens": completion, "cost_usd": part.tier.price_at(day).cost_usd(prompt, completion,
                                                                                                    cached)})

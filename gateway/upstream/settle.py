@@ -22,7 +22,7 @@ from gateway.upstream.sink import apply_usage
 async def settle_json(ctx: RequestContext, response: Response, replica: Replica) -> tuple[JsonReply, float | None]:
     """The answer for the client, and the seconds it spent decoding when the server says (`server_decode_s`)."""
     data = await read_answer(response, replica)
-    ctx.first_token_at = time.perf_counter()
+    ctx.upstream.first_token_at = time.perf_counter()
     try:
         answer = orjson.loads(data)
         if is_native(ctx):
@@ -36,17 +36,17 @@ async def settle_json(ctx: RequestContext, response: Response, replica: Replica)
     apply_usage(ctx, answer.get("usage"))  # the backend's own counts: the tokens it wrote, cut or not
     cap = ctx.tenant.output_cap.chars if ctx.tenant and ctx.tenant.output_cap else None
     if cap is not None and _trim_answer(choices, cap):
-        data, ctx.output_capped = orjson.dumps(answer), True
-    ctx.finish_reason = choice.get("finish_reason")
-    ctx.response_text = _text_of(choice)
+        data, ctx.upstream.output_capped = orjson.dumps(answer), True
+    ctx.upstream.finish_reason = choice.get("finish_reason")
+    ctx.upstream.response_text = _text_of(choice)
     return JsonReply(200, data), server_decode_s(answer)
 
 def _settle_native(ctx: RequestContext, answer: Any, data: bytes) -> JsonReply:
     """A Responses answer (one output) as its tier sent it, its text cut to the tenant's character cap:
     status "incomplete" (max_output_tokens), as when the backend stops at the token cap."""
-    ctx.response_text = settle_native(ctx, answer)
+    ctx.upstream.response_text = settle_native(ctx, answer)
     cap = ctx.tenant.output_cap.chars if ctx.tenant and ctx.tenant.output_cap else None
-    if cap is None or ctx.response_text is None or len(ctx.response_text) <= cap:
+    if cap is None or ctx.upstream.response_text is None or len(ctx.upstream.response_text) <= cap:
         return JsonReply(200, data)
     left = cap
     for item in answer.get("output") or ():
@@ -55,7 +55,7 @@ def _settle_native(ctx: RequestContext, answer: Any, data: bytes) -> JsonReply:
                 part["text"] = part["text"][:left]
                 left -= len(part["text"])
     answer["status"], answer["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
-    ctx.response_text, ctx.finish_reason, ctx.output_capped = ctx.response_text[:cap], "length", True
+    ctx.upstream.response_text, ctx.upstream.finish_reason, ctx.upstream.output_capped = ctx.upstream.response_text[:cap], "length", True
     return JsonReply(200, orjson.dumps(answer))
 
 

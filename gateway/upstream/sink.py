@@ -34,30 +34,30 @@ class ContextSink:
         ctx = self._ctx
         self._settle(tally)
         self._count_tokens(ctx)
-        prompt, completion = ctx.prompt_tokens or 0, ctx.completion_tokens or 0
+        prompt, completion = ctx.upstream.prompt_tokens or 0, ctx.upstream.completion_tokens or 0
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def closed(self, tally: StreamTally, end: StreamEnd) -> None:
         ctx = self._ctx
         self._settle(tally)
-        ctx.output_capped = ctx.output_capped or end.capped or tally.cut > 0  # one output, or some of several
+        ctx.upstream.output_capped = ctx.upstream.output_capped or end.capped or tally.cut > 0  # one output, or some of several
         if end.added_finish is not None:
             ctx.error = ctx.error or "upstream_missing_finish"
             log.warning("upstream_missing_finish", request_id=ctx.request_id,
-                        backend=ctx.replica.name if ctx.replica else None, finish_reason=end.added_finish,
+                        backend=ctx.upstream.replica.name if ctx.upstream.replica else None, finish_reason=end.added_finish,
                         completion_chunks=tally.content_chunks, max_tokens=ctx.max_tokens)
         if end.delivered and ctx.outcome == "client_disconnected":
             ctx.status, ctx.outcome = 200, "ok"  # the client had all of it, [DONE] included, then closed
         self._lease.release(failed=end.failed and ctx.outcome == "upstream_error",  # per output: the TPOT
-                            completion=(ctx.completion_tokens or ctx.output_chunks) // outputs(ctx)[1])
+                            completion=(ctx.upstream.completion_tokens or ctx.upstream.output_chunks) // outputs(ctx)[1])
 
     def _settle(self, tally: StreamTally) -> None:
         ctx = self._ctx
-        ctx.first_token_at = tally.first_token_at
-        ctx.finish_reason = tally.finish_reason
-        ctx.output_chunks = tally.content_chunks
+        ctx.upstream.first_token_at = tally.first_token_at
+        ctx.upstream.finish_reason = tally.finish_reason
+        ctx.upstream.output_chunks = tally.content_chunks
         if tally.text is not None:
-            ctx.response_text = "".join(tally.text)
+            ctx.upstream.response_text = "".join(tally.text)
         if tally.malformed and ctx.error is None:
             ctx.error = "upstream_malformed_events"  # forwarded without them; never cached
         apply_usage(ctx, tally.usage)
@@ -77,10 +77,10 @@ def apply_usage(ctx: RequestContext, usage: object) -> None:
         return
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if isinstance(prompt, int) and isinstance(completion, int):
-        ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_source = prompt, completion, "backend"
+        ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, ctx.upstream.usage_source = prompt, completion, "backend"
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        ctx.cached_tokens = cached if isinstance(cached, int) else 0
+        ctx.upstream.cached_tokens = cached if isinstance(cached, int) else 0
 
 
 def price_abandoned(ctx: RequestContext, stats: ReplicaStats, elapsed_s: float) -> None:
@@ -89,14 +89,14 @@ def price_abandoned(ctx: RequestContext, stats: ReplicaStats, elapsed_s: float) 
     its first-token time and one more each TPOT since (the replica's measured decode rate), up to
     max_tokens. No measured rate: the prompt only. A stream (the relay did not take it over yet) had
     sent no byte: it wrote nothing yet (its first token is sent as soon as it is made)."""
-    ctx.completion_tokens = 0
+    ctx.upstream.completion_tokens = 0
     ctx.priced_from = "prompt_only"  # the backend had the request: its work is priced (accounting)
     if ctx.stream:
         return
     tpot = stats.tpot_s
     if tpot is None or tpot <= 0:
         return
-    ttft = ctx.route.predicted_ttft_s if ctx.route.predicted_ttft_s is not None and ctx.attempts == 1 else stats.ttft_s
+    ttft = ctx.route.predicted_ttft_s if ctx.route.predicted_ttft_s is not None and ctx.upstream.attempts == 1 else stats.ttft_s
     decoding = elapsed_s - (ttft or 0.0)
     if decoding < 0:
         per_output = 0
@@ -104,5 +104,5 @@ def price_abandoned(ctx: RequestContext, stats: ReplicaStats, elapsed_s: float) 
         per_output = 1 + int(decoding / tpot)
         if ctx.max_tokens is not None:
             per_output = min(per_output, ctx.max_tokens)
-    ctx.completion_tokens = per_output * outputs(ctx)[1]
+    ctx.upstream.completion_tokens = per_output * outputs(ctx)[1]
     ctx.priced_from = "estimated_decode_rate"

@@ -97,7 +97,7 @@ def _user_key(body: dict[str, Any], tenant: str) -> int | None:
 
 
 def _decode_tps(ctx: RequestContext) -> float | None:
-    completion, first, done = ctx.completion_tokens or 0, ctx.first_token_at, ctx.finished_at
+    completion, first, done = ctx.upstream.completion_tokens or 0, ctx.upstream.first_token_at, ctx.finished_at
     outputs = ctx.reading.outputs if ctx.reading is not None else 1
     if not ctx.stream or first is None or done is None or completion <= outputs or done <= first:
         return None  # a non-streamed answer arrives whole: its first byte is not its first token

@@ -73,10 +73,10 @@ def served(tier_name: str, prompt: int = 1000, completion: int = 500, cached: in
     ctx = request_context(CONFIG, {"model": tier_name, "messages": [{"role": "user", "content": "hi"}]})
     ctx.tenant = next(iter(CONFIG.tenants_by_key_hash.values()))
     ctx.route.tier = CONFIG.tiers[tier_name]
-    ctx.replica = ctx.route.tier.replicas[0]
-    ctx.upstream_started, ctx.status, ctx.usage_source = True, 200, "backend"
-    ctx.prompt_tokens, ctx.completion_tokens, ctx.cached_tokens = prompt, completion, cached
-    ctx.first_token_at = ctx.started + 0.01
+    ctx.upstream.replica = ctx.route.tier.replicas[0]
+    ctx.upstream.upstream_started, ctx.status, ctx.upstream.usage_source = True, 200, "backend"
+    ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, ctx.upstream.cached_tokens = prompt, completion, cached
+    ctx.upstream.first_token_at = ctx.started + 0.01
     return ctx
 
 

@@ -153,7 +153,7 @@ async def test_both_parts_are_priced_on_their_own_tiers() -> None:
     ctx.escalation = Escalation(RULE, 0.25, small, "small-0", 100, 10, 0, 12.5)
     day = date(2026, 6, 1)
     assert first_cost(ctx, day) == pytest.approx((100 * 1 + 10 * 2) / 1e6)
-    ctx.route.tier, ctx.prompt_tokens, ctx.completion_tokens = ctx.config.tiers["mid"], 100, 20
+    ctx.route.tier, ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens = ctx.config.tiers["mid"], 100, 20
     fields = log_fields(ctx, day, 0.5)
     assert fields["escalated_from"] == "small"
     first, second = fields["escalation"]["parts"]

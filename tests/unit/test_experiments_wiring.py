@@ -141,10 +141,10 @@ async def test_a_shadowed_request_keeps_its_text_and_submits_only_a_complete_ans
     assert all(ctx.keep_text and len(ctx.finishers) == 1 for ctx in contexts)
     complete, failed, brownout, no_text = contexts
     for ctx in contexts:
-        ctx.status, ctx.upstream_started, ctx.response_text = 200, True, "an answer"
+        ctx.status, ctx.upstream.upstream_started, ctx.upstream.response_text = 200, True, "an answer"
     failed.status = 502
     brownout.route.tier = cfg.tiers["large"]
-    no_text.response_text = None
+    no_text.upstream.response_text = None
     for ctx in contexts:
         ctx.finishers[0](ctx)
     await asyncio.sleep(0)  # the submission runs once the request's finishers are done

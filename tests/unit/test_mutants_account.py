@@ -23,9 +23,9 @@ def ctx(served_by: str | None = "small", *, started: bool = True, cache: str | N
         prompt: int | None = 1000, completion: int | None = 500, cached: int = 0) -> RequestContext:
     c = request_context(CONFIG, {"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
     c.route.tier = {"small": SMALL, "big": BIG}.get(served_by or "")
-    c.upstream_started = started
+    c.upstream.upstream_started = started
     c.cache = cache  # type: ignore[assignment]
-    c.prompt_tokens, c.completion_tokens, c.cached_tokens = prompt, completion, cached
+    c.upstream.prompt_tokens, c.upstream.completion_tokens, c.upstream.cached_tokens = prompt, completion, cached
     return c
 
 
@@ -65,7 +65,7 @@ def test_cached_prompt_tokens_reach_the_price() -> None:
     c = ctx()
     c.route.tier = cheap_cache.model_copy(update={"prices": cheap_cache.prices.model_copy(  # type: ignore[union-attr]
         update={"cached_input_per_mtok": 0.0})})
-    c.cached_tokens = 400
+    c.upstream.cached_tokens = 400
     cost, _, baseline = _prices(c, DAY)
     assert cost == pytest.approx((600 + 500) / 1e6)
     assert baseline == pytest.approx(0.0105)  # big has no cached rate: its input rate

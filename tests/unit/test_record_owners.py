@@ -1,7 +1,7 @@
 """Each record on the request's context has one owner (issue 38): only the owner's modules assign its fields.
 
-`ctx.route` (gateway.routing.decision.RouteDecision) is written by the route's steps; a field with another single
-writer names it below. Anyone else goes through a method of the record (which lives in the owner's module). The
+`ctx.route` (gateway.routing.decision.RouteDecision) is written by the route's steps, `ctx.upstream`
+(gateway.upstream.record.UpstreamRecord) by the hop to a replica; a field with another single writer names it below. Anyone else goes through a method of the record (which lives in the owner's module). The
 check is by syntax: an assignment (plain, augmented, or in a tuple) to `<anything>.<record>.<field>`, or a
 `setattr(<anything>.<record>, ...)`, outside the field's owner fails; so does an owner map that names a field
 the record does not have."""
@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from gateway.routing.decision import RouteDecision
+from gateway.upstream.record import UpstreamRecord
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
@@ -21,6 +22,7 @@ RECORDS: dict[str, tuple[type, str, dict[str, str]]] = {
     "route": (RouteDecision, "gateway.routing", {
         "difficulty": "gateway.stages.classify", "quality": "gateway.stages.classify",
         "predicted_ttft_s": "gateway.stages.admission"}),
+    "upstream": (UpstreamRecord, "gateway.upstream", {"stop_sequence": "gateway.protocols.base"}),
 }
 
 

@@ -53,10 +53,10 @@ async def looked_up(stage: CacheStage, body: dict[str, Any]) -> tuple[RequestCon
 
 def answered(ctx: RequestContext, **changes: Any) -> None:
     """What the proxy and accounting leave on the context after a complete answer, with `changes`."""
-    ctx.replica, ctx.upstream_started, ctx.status, ctx.outcome = REPLICA, True, 200, "ok"
-    ctx.response_text, ctx.finish_reason, ctx.prompt_tokens, ctx.completion_tokens = "Hello!", "stop", 9, 3
+    ctx.upstream.replica, ctx.upstream.upstream_started, ctx.status, ctx.outcome = REPLICA, True, 200, "ok"
+    ctx.upstream.response_text, ctx.upstream.finish_reason, ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens = "Hello!", "stop", 9, 3
     for name, value in changes.items():
-        setattr(ctx, name, value)
+        setattr(ctx.upstream if hasattr(ctx.upstream, name) else ctx, name, value)
 
 
 async def stored(cache: Cache, ctx: RequestContext) -> None:
@@ -87,7 +87,7 @@ async def test_a_miss_stores_the_complete_answer_and_the_repeat_is_a_hit(cache: 
     assert await cache.guard.client.ttl(ctx.cache_key) == 3600  # the tenant's rule: an hour
     hit, reply = await looked_up(cache.stage, DETERMINISTIC)
     assert isinstance(reply, JsonReply) and reply.status == 200 and reply.headers == {"x-gateway-cache": "hit"}
-    assert (hit.cache, hit.usage_source, hit.prompt_tokens, hit.completion_tokens) == ("hit", "cache", 9, 3)
+    assert (hit.cache, hit.upstream.usage_source, hit.upstream.prompt_tokens, hit.upstream.completion_tokens) == ("hit", "cache", 9, 3)
     assert hit.finishers == []  # nothing to store again
     body = orjson.loads(reply.body)
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello!"}

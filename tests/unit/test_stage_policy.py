@@ -129,7 +129,7 @@ async def test_the_booking_finisher_charges_the_cost_accounting_set_to_the_daily
     ctx = await admitted(config=config, stage=stage)
     assert len(ctx.finishers) == 1
     await admitted(config=config, stage=stage)  # nothing booked yet: still within budget
-    ctx.upstream_started, ctx.prompt_tokens, ctx.completion_tokens = True, 3, 5
+    ctx.upstream.upstream_started, ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens = True, 3, 5
     ctx.cost_usd = 0.02  # what accounting sets, after the stages and before the finishers
     run_finishers(ctx)
     with pytest.raises(RateLimited) as caught:
@@ -144,7 +144,7 @@ async def test_the_booking_finisher_corrects_the_token_charge_to_the_tokens_used
     config = gateway_config(TIERS, policy={"rate_limit": {"tokens_per_min": 100}})
     body = {**CHAT, "messages": [{"role": "user", "content": "hi"}]}  # charged 0 + 64 (max_tokens) on admission
     ctx = await admitted(body, config, stage=stage)
-    ctx.upstream_started, ctx.prompt_tokens, ctx.completion_tokens = True, 1, used - 1
+    ctx.upstream.upstream_started, ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens = True, 1, used - 1
     run_finishers(ctx)
     if admitted_next:
         await admitted(body, config, stage=stage)  # 10 used + 64 charged fits in 100
