@@ -97,7 +97,7 @@ TARGETS: tuple[Target, ...] = (
            (U + "test_sse.py", U + "test_sse_fuzz.py", U + "test_mutants_sse.py", I + "test_output_cap.py",
             I + "test_output_cap_choices.py")),
     Target("request-log-status", ("gateway/http.py",),
-           (U + "test_mutants_http.py", I + "test_http_errors.py", I + "test_client_limits.py",
+           (U + "test_mutants_http.py", U + "test_mutants_http_stream.py", I + "test_http_errors.py", I + "test_client_limits.py",
             I + "test_stream_endings.py", I + "test_edge_status.py"),
            only=("gateway.http.x_serve__mutmut_*", "gateway.http.x__stream__mutmut_*",
                  "gateway.http.x__write_behind__mutmut_*", "gateway.http.x__error__mutmut_*"),

@@ -371,3 +371,53 @@ def test_a_finish_chunk_when_several_outputs_are_not_all_capped() -> None:
     scanner.feed(event(choices((0, "a"))))
     assert scanner.ending("stop").startswith(
         event({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+
+
+# -- what the scanner forwards as it came, and the rest of the survivors ------------------------------------------
+
+SPACED = b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "abc"}}]}\n\n'  # not orjson's bytes
+
+
+def test_a_chunk_reaching_the_char_cap_exactly_is_forwarded_as_it_came() -> None:
+    scanner = SseScanner("chat", forward_usage=True, limit=OutputLimit(chars=3))
+    assert scanner.feed(SPACED) == SPACED  # nothing trimmed: not re-encoded
+    assert scanner.tally.capped
+
+
+def test_an_untouched_chunk_of_several_outputs_is_forwarded_as_it_came() -> None:
+    scanner = several(OutputLimit(tokens=5))
+    assert scanner.feed(SPACED) == SPACED
+
+
+def test_a_chat_choice_without_a_delta() -> None:
+    chunk = {**HEAD, "choices": [{"index": 0, "finish_reason": "stop"}]}
+    single = SseScanner("chat", forward_usage=True)
+    assert single.feed(event(chunk)) == event(chunk) and single.tally.finish_reason == "stop"
+    capped = several(OutputLimit(tokens=1))
+    assert capped.feed(event(chunk)) == event(chunk) and capped.tally.finish_reason == "stop"
+    assert capped.tally.content_chunks == 0
+
+
+def test_the_first_token_time_under_several_caps() -> None:
+    scanner = several(OutputLimit(tokens=5))
+    scanner.feed(event(choices((0, ""))))
+    assert scanner.tally.first_token_at is None
+    scanner.feed(event(choices((0, "a"))))
+    first = scanner.tally.first_token_at
+    scanner.feed(event(choices((1, "b"))))
+    assert first is not None and scanner.tally.first_token_at == first
+
+
+def test_a_pending_line_goes_out_with_the_event_it_starts() -> None:
+    scanner = SseScanner("chat", forward_usage=True)
+    assert scanner.feed(b"event: message\n") == b"" and scanner.pending == b"event: message\n"
+    data = event(chat("a"))
+    assert scanner.feed(data) == b"event: message\n" + data
+    assert scanner.pending == b"" and scanner.tally.content_chunks == 1
+
+
+def test_blank_events_between_events_are_skipped_not_the_end() -> None:
+    scanner = SseScanner("chat", forward_usage=True)
+    data = event(chat("a")) + b"\n\n" + event(chat("b"))
+    assert scanner.feed(data) == data
+    assert scanner.tally.content_chunks == 2
