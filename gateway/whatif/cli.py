@@ -34,7 +34,8 @@ NOT_MODELLED = (
     "candidate's: the latency window does not re-decide spill against the simulated fleet); "
     "a conversation continued from a reply the gateway did not give (the replay links turns by the conversation "
     "through the reply, not by the reply's text) and sessions on lines written before turn_keys (replay 1); "
-    "semantic cache hits on a tier other than the logged one; output lengths on another tier (the logged ones)")
+    "semantic cache hits on a tier other than the logged one; prefix-cache hits beyond the logged ones (a request "
+    "moved to another tier is prefilled whole); output lengths on another tier (the logged ones)")
 
 
 def parser() -> argparse.ArgumentParser:

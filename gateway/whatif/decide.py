@@ -94,9 +94,13 @@ class Decider:
         self._stored: dict[tuple[str, str, str], float] = {}  # (scope, tier, digest) -> expires
         self._mean_out: dict[str, tuple[int, int]] = {}  # tenant -> (served requests, completion tokens)
         self.forecasts = Forecasts()
+        policies = [*self.tenants.values()]
+        policies += [arm.policy for t in self.tenants.values() if t.plan for e in t.plan.experiments for arm in e.arms]
+        self._spills = any(t.spill is not None for t in policies)  # else no forecast is ever read
 
     def decide(self, rec: Logged) -> Decision:
-        self.forecasts.see(rec)
+        if self._spills:
+            self.forecasts.see(rec)
         if rec.served and rec.completion:
             n, total = self._mean_out.get(rec.tenant, (0, 0))
             self._mean_out[rec.tenant] = (n + 1, total + rec.completion)

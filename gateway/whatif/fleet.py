@@ -47,6 +47,7 @@ class Arrival:
     admitted_at: float = 0.0  # -1 once the admission gate had its sample
     overhead_s: float = 0.0  # drawn at admission (`physics.Fitted.residuals`)
     tpot_ms: float | None = None  # the simulated decode time per output token after the first
+    waited_s: float = 0.0  # in the admission queue
     deadline: float = 0.0
 
 
@@ -116,7 +117,7 @@ class Fleet:
 
     def _start(self, tier: _Tier, request: Arrival, now: float) -> None:
         tier.in_flight += 1
-        request.admitted_at = now
+        request.admitted_at, request.waited_s = now, now - request.at
         request.overhead_s = self._rng.choice(tier.residuals) if tier.residuals else tier.overhead_s
         index, replica = min(enumerate(tier.replicas), key=lambda r: len(r[1].active))
         engine = replica.engine

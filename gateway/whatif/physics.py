@@ -7,7 +7,9 @@ precision; then, from the streamed requests the log shows it served (cache misse
 last token's):
 
     tpot_1      the 5th percentile of the logged TPOT (the least loaded decode steps), else 1 / decode_tps
-    prefill_tps the tier's `prefill_tokens_per_s` where routes give it, else the profile's
+    prefill_tps the inverse of TTFT's slope in the uncached prompt tokens (Theil-Sen: the median pairwise slope,
+                robust to queued requests) from 20 measurements on; else the tier's `prefill_tokens_per_s`
+                where routes give it, else the profile's
     overhead    the 5th percentile of TTFT - prefill - one decode step: what the gateway, the network and
                 the server's scheduling add (never below 0)
 
@@ -34,6 +36,8 @@ from gateway.emulator.profiles import PROFILES, Profile
 SAMPLES = 4096  # measurements kept per tier (a reservoir: memory flat in the log's length)
 LOW = 5  # percentile of the least loaded requests
 MIN_SAMPLES = 5
+PREFILL_MIN = 20  # measurements before the prefill speed is fitted (else the routes' or the profile's)
+PREFILL_PAIRS = 300  # measurements the prefill fit draws its pairs from
 
 
 @dataclass(slots=True)
@@ -72,13 +76,41 @@ class Fitted:
                     "residuals": len(self.residuals)})}
 
 
+CPU_BATCH_SLOPE = 1.0  # llama.cpp on CPU threads: k sequences decoded together take about k times one's step
+
+
 def base_profile(tier: Tier) -> Profile:
-    """The emulator profile the tier's replicas run, else the one of its precision (int8 when none matches)."""
+    """The emulator profile the tier's replicas run, else the one of its precision (int8 when none matches). A
+    llama.cpp replica (`launch: {kind: llama_cpp}`) runs its `parallel` slots at once, on CPU threads that the
+    slots share: at most that many sequences, each extra one slowing the step by about a whole step."""
     for replica in tier.replicas:
         launch = getattr(replica, "launch", None)
         if launch is not None and getattr(launch, "kind", None) == "emulator" and launch.profile in PROFILES:
             return PROFILES[launch.profile]
-    return PROFILES.get(str(tier.precision), PROFILES["int8"])
+    base = PROFILES.get(str(tier.precision), PROFILES["int8"])
+    launch = getattr(tier.replicas[0], "launch", None) if tier.replicas else None
+    if launch is not None and getattr(launch, "kind", None) == "llama_cpp":
+        slots = int(getattr(launch, "parallel", 1))
+        return dataclasses.replace(base, name=f"llama_cpp ({base.name} physics)", max_running=slots,
+                                   batch_slope=CPU_BATCH_SLOPE, kv_read_s_per_token=0.0)
+    return base
+
+
+def _prefill_tps(data: np.ndarray) -> float | None:  
+    """Prompt tokens per second from (uncached prompt, TTFT ms) rows: the inverse of TTFT's slope in the prompt
+    length, Theil-Sen (the median of the pairwise slopes: robust to the queued and the loaded requests); None
+    with too few rows or prompts all alike, or a slope not above 0."""
+    if len(data) < PREFILL_MIN:
+        return None
+    rows = data[np.random.default_rng(40).choice(len(data), PREFILL_PAIRS, replace=False)] \
+        if len(data) > PREFILL_PAIRS else data
+    dx = rows[:, 0][:, None] - rows[:, 0][None, :]
+    dy = rows[:, 1][:, None] - rows[:, 1][None, :]
+    wider = dx > 0
+    if wider.sum() < PREFILL_MIN:
+        return None
+    slope = float(np.median(dy[wider] / dx[wider])) / 1000  # seconds per prompt token
+    return 1 / slope if slope > 0 else None
 
 
 def fit(tier: Tier, samples: Samples | None) -> Fitted:
@@ -90,6 +122,7 @@ def fit(tier: Tier, samples: Samples | None) -> Fitted:
         profile = dataclasses.replace(base, prefill_tps=prefill_tps)
         return Fitted(profile, 0.0, 0, base.name)
     data = np.array(rows)
+    prefill_tps = _prefill_tps(data) or prefill_tps
     tpots = data[:, 2][~np.isnan(data[:, 2])]
     tpot_1 = float(np.percentile(tpots, LOW)) / 1000 if len(tpots) >= MIN_SAMPLES else base.tpot_1_s
     rest = data[:, 1] / 1000 - data[:, 0] / prefill_tps - tpot_1

@@ -34,7 +34,7 @@ class Logged:
                  "cache", "ttft_ms", "tpot_ms", "e2e_ms", "cost", "conversation", "sticky_conversation",
                  "sticky_user", "input_tokens", "input_chars", "outputs", "generated", "cacheable", "digest",
                  "decode_tps", "replayable", "worked", "session_route", "arm", "rerouted_from", "turn_parent",
-                 "turn_current", "predicted_ttft_ms", "spilled_from", "spill_forecasts")
+                 "turn_current", "predicted_ttft_ms", "spilled_from", "spill_forecasts", "queue_ms")
 
     def __init__(self, obj: dict[str, Any]) -> None:
         self.arrival = _arrival(obj)
@@ -65,6 +65,7 @@ class Logged:
         self.ttft_ms: float | None = obj.get("ttft_ms")
         self.tpot_ms: float | None = obj.get("tpot_ms")
         self.e2e_ms: float = obj.get("e2e_ms") or 0.0
+        self.queue_ms: float = obj.get("queue_ms") or 0.0  # in the admission queue
         self.cost: float = obj.get("cost_usd") or 0.0
         self.session_route: str | None = obj.get("session_route")
         self.arm: str | None = obj.get("arm")

@@ -77,7 +77,10 @@ def replay(paths: Iterable[Path], scenarios: Mapping[str, GatewayConfig], *, win
             if decision.spilled_from is not None or decision.session_route == "held":
                 tally.routed(decision.spilled_from, decision.session_route)
         if rec.served and rec.stream and rec.tier is not None and rec.ttft_ms is not None and rec.cache not in HITS:
-            samples.setdefault(rec.tier, Samples()).add(rec.prompt - rec.cached, rec.ttft_ms, rec.tpot_ms)
+            tier_samples = samples.get(rec.tier)
+            if tier_samples is None:
+                tier_samples = samples[rec.tier] = Samples()
+            tier_samples.add(rec.prompt - rec.cached, rec.ttft_ms, rec.tpot_ms)
         if window is not None:
             if window[0] <= rec.arrival < window[1]:
                 best.append(Row(rec, decisions))

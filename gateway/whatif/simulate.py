@@ -55,7 +55,8 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
     1. each tier's tpot_1 scaled so that the median simulated TPOT of its streamed requests is the median logged
        one (the fit's tpot_1 is the least loaded requests' TPOT, which still holds some batching the engine adds
        again);
-    2. then each streamed request's logged TTFT less its simulated one: the tier's residuals."""
+    2. then each streamed request's logged TTFT less its simulated one, both from its admission (the queue is
+       the simulation's to time): the tier's residuals."""
     physics = {name: dataclasses.replace(f, overhead_s=0.0) for name, f in fitted_physics(config, samples).items()}
     arrivals: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
@@ -74,8 +75,9 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
                 continue
             if rec.tpot_ms is not None and arrival.tpot_ms:
                 ratios.setdefault(arrival.tier, []).append(rec.tpot_ms / arrival.tpot_ms)
-            if rec.ttft_ms is not None and arrival.ttft_ms is not None:
-                found.setdefault(arrival.tier, []).append((rec.ttft_ms - arrival.ttft_ms) / 1000)
+            if rec.ttft_ms is not None and arrival.ttft_ms is not None:  # after the admission queue, in both
+                found.setdefault(arrival.tier, []).append(
+                    (rec.ttft_ms - rec.queue_ms - arrival.ttft_ms) / 1000 + arrival.waited_s)
         if tpot_1:
             break  # the second pass: residuals against the rescaled decode
         for name, values in ratios.items():
@@ -96,8 +98,9 @@ def record_window(window: Window, tally: Tally) -> None:
     for row in window.rows:
         rec = row.rec
         tally.window_requests += 1
-        if rec.refused in SHED:
+        if rec.refused in SHED:  # the window's count stands for the pass's (`figures` adds them up)
             tally.shed[rec.refused or ""] += 1
+            tally.refused[rec.refused or ""] -= 1
         elif rec.served and rec.ttft_ms is not None and rec.cache not in HITS and rec.tier is not None:
             _ttft(tally, rec.tier, rec.tenant, rec.ttft_ms)
 
@@ -110,6 +113,8 @@ def simulate_window(name: str, config: GatewayConfig, window: Window, physics: M
     for row in window.rows:
         decision, rec = row.decisions[name], row.rec
         tally.window_requests += 1
+        if decision.refused in SHED:  # the fleet decides it again: its count replaces the pass's
+            tally.refused[decision.refused or ""] -= 1
         if decision.tier is None or decision.cache in HITS or config.tiers[decision.tier].endpoint != "chat":
             continue
         if decision.refused is not None and decision.refused not in SHED:

@@ -179,6 +179,16 @@ def test_a_whole_answer_is_timed_at_its_last_token() -> None:
     assert whole.ttft_ms > streamed.ttft_ms + 15 * PROFILES["int4"].tpot_1_s * 1000  # 19 more decode steps
 
 
+def test_the_prefill_speed_is_the_slope_of_ttft_in_the_prompt() -> None:
+    samples = Samples()
+    for n in range(60):
+        prompt = 20 + 10 * n
+        queued = 400.0 if n % 7 == 0 else 0.0  # a few waited: the median slope does not see them
+        samples.add(prompt, 5 + prompt / 300 * 1000 + n % 4 * 3 + queued, 20.0)
+    fitted = fit(tier("small", ["http://127.0.0.1:9/v1"], precision="int4"), samples)
+    assert fitted.profile.prefill_tps == pytest.approx(300, rel=0.05)  # not the int4 profile's 9,000
+
+
 def test_the_fleet_fit_takes_decode_speed_and_residuals_from_the_log() -> None:
     from gateway.whatif.replay import Row, Window
     from gateway.whatif.simulate import POOLED, fit_fleet, fitted_physics, simulate_window
