@@ -216,6 +216,18 @@ def test_the_fleet_fit_takes_decode_speed_and_residuals_from_the_log() -> None:
     assert p50 is not None and p50 == pytest.approx(100 / 9000 * 1000 + 6.5 + 20, rel=0.1)
 
 
+def test_a_shed_request_in_the_window_is_counted_once() -> None:
+    from gateway.whatif.replay import Row, Window
+    from gateway.whatif.simulate import record_window
+    from gateway.whatif.summary import Tally
+
+    shed = line(0, status=503, error="queue_timeout", ttft_ms=None, cost_usd=0.0, priced_from=None)
+    tally = Tally()
+    tally.add("t", shed.tier, shed.refused, 0.0, 0, "2026-11-21", False)  # the decision pass's count
+    record_window(Window(shed.arrival, shed.arrival, [Row(shed, {})]), tally)  # the window's count replaces it
+    assert tally.figures()["refused"] == {"queue_timeout": 1}
+
+
 def test_calibration_errors_are_relative_and_in_points() -> None:
     recorded = {"cost_usd": 1.0, "ttft_p50_ms": 100.0, "ttft_p99_ms": 200.0, "refused": {"x": 10},
                 "tiers": {"a": {"share": 0.5, "requests": 5, "cost_usd": 0.5, "ttft_p50_ms": 100.0,
