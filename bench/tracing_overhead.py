@@ -172,7 +172,7 @@ def tracing_path_costs(requests: int = 4000) -> dict[str, float]:
         async def run() -> None:
             for i in range(requests):
                 ctx = RequestContext(f"r{i}", "chat", config, b"", None, time.perf_counter(), time.time())
-                ctx.model_requested, ctx.route.tier, ctx.status = "t", config.tiers["t"], 200
+                ctx.model_requested, ctx.route.tier, ctx.result.status = "t", config.tiers["t"], 200
                 if tracing is not None:
                     ctx.trace = tracing.start({}, ctx)
                     ctx.finishers.append(ctx.trace.finish)
@@ -206,7 +206,7 @@ def dashboard_costs() -> dict[str, float]:
     for i in range(300):
         ctx = RequestContext(f"r{i}", "chat", config, b"", None, 0.0, 0.0)
         ctx.route.tier, ctx.tenant = config.tiers[("small", "medium", "large")[i % 3]], tenant
-        ctx.status, ctx.route.difficulty, ctx.cost_usd = (200, 200, 200, 503)[i % 4], (i % 97) / 97, 1e-5
+        ctx.result.status, ctx.route.difficulty, ctx.result.cost_usd = (200, 200, 200, 503)[i % 4], (i % 97) / 97, 1e-5
         contexts.append(ctx)
     n = 1000 * SLOT_S * SLOTS  # 15 minutes at 1,000 req/s
     t0 = time.perf_counter()

@@ -76,7 +76,7 @@ def edge_context(request: web.Request) -> RequestContext:
 def refuse(request: web.Request, err: GatewayError, wire: ClientWire | None = None) -> web.Response:
     """`err` as the answer, in the OpenAI error shape (or `wire`'s), and as the line's status and error."""
     ctx = edge_context(request)
-    ctx.status, ctx.outcome, ctx.error = err.status, "rejected", err.code or err.type
+    ctx.result.status, ctx.result.outcome, ctx.result.error = err.status, "rejected", err.code or err.type
     body = error_body(err) if wire is None else wire.error_body(err)
     return web.Response(body=body, status=err.status, content_type=JSON,
                         headers={"x-request-id": ctx.request_id, **err.headers()})
@@ -96,21 +96,21 @@ async def account_edge(request: web.Request, handler: Handler) -> web.StreamResp
             response.headers.setdefault("x-request-id", ctx.request_id)
         if isinstance(response, web.FileResponse):  # its status is known once sent: 200, 304, 206, 404, 416
             await response.prepare(request)
-        if not ctx.status:  # not refused through `refuse`: the handler's own answer
+        if not ctx.result.status:  # not refused through `refuse`: the handler's own answer
             _finish(ctx, response.status)
-        logged = ctx.status >= 400 or handler not in _PROBES
+        logged = ctx.result.status >= 400 or handler not in _PROBES
         return response
     except web.HTTPException as exc:  # redirects, and aiohttp's own answers
         exc.headers.setdefault("x-request-id", ctx.request_id)
         _finish(ctx, exc.status)
         raise
     except (asyncio.CancelledError, ConnectionResetError):
-        ctx.status, ctx.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
+        ctx.result.status, ctx.result.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
         raise
     except Exception:
         log.exception("internal_error", request_id=ctx.request_id, path=ctx.path)
         response = refuse(request, GatewayError(f"internal error (request {ctx.request_id})"))
-        ctx.outcome = "internal_error"
+        ctx.result.outcome = "internal_error"
         return response
     finally:
         if logged:
@@ -121,15 +121,15 @@ def account_refusal(app: web.Application, err: GatewayError) -> str:
     """The line of a request refused before any handler ran (aiohttp's parser); returns its request id."""
     gateway = app[GATEWAY]
     ctx = new_context(gateway, None)
-    ctx.status, ctx.outcome, ctx.error = err.status, "rejected", err.code or err.type
+    ctx.result.status, ctx.result.outcome, ctx.result.error = err.status, "rejected", err.code or err.type
     _settle(gateway, ctx)
     return ctx.request_id
 
 
 def _finish(ctx: RequestContext, status: int) -> None:
-    ctx.status = status
+    ctx.result.status = status
     if status >= 400:
-        ctx.outcome = "internal_error" if status >= 500 and status != 503 else "rejected"
+        ctx.result.outcome = "internal_error" if status >= 500 and status != 503 else "rejected"
 
 
 def _settle(gateway: Gateway, ctx: RequestContext) -> None:

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.config import GatewayConfig, TenantPolicy
+from gateway.accounting.result import RequestResult
 from gateway.config.tenants import Assignment
 from gateway.routing.decision import RouteDecision
 from gateway.reading import CHARS_PER_TOKEN, Reading
 from gateway.tokens import prompt_text
 from gateway.upstream.record import UpstreamRecord
-from gateway.types import CacheStatus, ClientWire, Endpoint, Outcome, Reply
+from gateway.types import CacheStatus, ClientWire, Endpoint, Reply
 
 if TYPE_CHECKING:
     from gateway.routing.escalate import Escalation
@@ -58,15 +59,11 @@ class RequestContext:
     escalation: Escalation | None = None  # the first part of an escalated answer (gateway.routing.escalate)
     upstream: UpstreamRecord = field(default_factory=UpstreamRecord)  # the hop and its answer (gateway.upstream)
 
-    status: int = 0
-    outcome: Outcome = "ok"
-    error: str | None = None
-    priced_from: str | None = None  # how the backend's work was priced (accounting: PRICED_FROM); None: it did none
+    result: RequestResult = field(default_factory=RequestResult)  # status, outcome, error, price (edge, account)
     keep_text: bool = False  # collect a streamed answer's text (a shadow comparison needs it)
     session_header: str | None = None  # the client's x-session-id (the edge)
     finished_at: float | None = None
     queue_ms: float = 0.0
-    cost_usd: float = 0.0  # set by accounting
     cache: CacheStatus = "off"
     cache_key: str | None = None  # set on a miss that may be stored
     finishers: list[Callable[[RequestContext], None]] = field(default_factory=list)  # after accounting

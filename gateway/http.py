@@ -120,16 +120,16 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
             reply = render(wire, ctx, reply, gateway.accountant.count_tokens)
         if isinstance(reply, StreamReply):
             return await _stream(request, ctx, reply, gateway.client_limits.write_timeout_s)
-        ctx.status = reply.status
+        ctx.result.status = reply.status
         headers = _headers(ctx, reply.headers)
         return web.Response(body=reply.body, status=reply.status, headers=headers, content_type=JSON)
     except GatewayError as err:
         return _error(ctx, err, "upstream_error" if isinstance(err, UpstreamError) else "rejected")
     except ConnectionResetError:
-        ctx.status, ctx.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
+        ctx.result.status, ctx.result.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
         return web.Response(status=CLIENT_CLOSED_STATUS)
     except asyncio.CancelledError:
-        ctx.status, ctx.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
+        ctx.result.status, ctx.result.outcome = CLIENT_CLOSED_STATUS, "client_disconnected"
         raise
     except Exception:
         log.exception("internal_error", request_id=ctx.request_id)
@@ -144,7 +144,7 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
 async def _stream(request: web.Request, ctx: RequestContext, reply: StreamReply,
                   write_timeout_s: float) -> web.StreamResponse:
     response = web.StreamResponse(headers=_headers(ctx, {**SSE_HEADERS, **reply.headers}))
-    ctx.status = 200
+    ctx.result.status = 200
     await response.prepare(request)
     transport = request.transport
     # A chunk under half the high-water mark into an empty buffer cannot pause the writer, so it
@@ -168,7 +168,7 @@ async def _write_behind(
         async with asyncio.timeout(timeout_s):
             await response.write(chunk)
     except TimeoutError:
-        ctx.status, ctx.outcome, ctx.error = CLIENT_CLOSED_STATUS, "client_disconnected", "client_write_timeout"
+        ctx.result.status, ctx.result.outcome, ctx.result.error = CLIENT_CLOSED_STATUS, "client_disconnected", "client_write_timeout"
         log.warning("client_write_timeout", request_id=ctx.request_id, timeout_s=timeout_s,
                     buffered_bytes=transport.get_write_buffer_size())
         transport.abort()  # close() would wait for the unread buffer to flush
@@ -206,9 +206,9 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
 
 
 def _error(ctx: RequestContext, err: GatewayError, outcome: Outcome) -> web.Response:
-    ctx.status = err.status
-    ctx.outcome = outcome
-    ctx.error = ctx.error or err.code or err.type
+    ctx.result.status = err.status
+    ctx.result.outcome = outcome
+    ctx.result.error = ctx.result.error or err.code or err.type
     headers = _headers(ctx, err.headers())
     body = error_body(err) if ctx.wire is None else ctx.wire.error_body(err)
     return web.Response(body=body, status=err.status, headers=headers, content_type=JSON)

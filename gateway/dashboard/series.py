@@ -45,8 +45,8 @@ class OutcomeSeries:
         cache, slo, cost, saved = children
         cache.inc()
         slo.inc()
-        if ctx.cost_usd:
-            cost.inc(ctx.cost_usd)
+        if ctx.result.cost_usd:
+            cost.inc(ctx.result.cost_usd)
         if saved_usd > 0:  # a counter only goes up: a request dearer than the baseline saves nothing
             saved.inc(saved_usd)
         if ctx.route.difficulty is not None:

@@ -57,7 +57,7 @@ def percentile_s(bins: list[int], q: float) -> float | None:
 def meets_slo(ctx: RequestContext, ttft_s: float | None) -> bool:
     """Goodput's rule: served (200) with the first token within the tenant's TTFT SLO (none: served is met)."""
     slo_ms = ctx.tenant.ttft_slo_ms if ctx.tenant is not None else None
-    return ctx.status == 200 and (slo_ms is None or (ttft_s is not None and ttft_s * 1000 <= slo_ms))
+    return ctx.result.status == 200 and (slo_ms is None or (ttft_s is not None and ttft_s * 1000 <= slo_ms))
 
 
 @dataclass(slots=True)
@@ -104,21 +104,21 @@ class LiveWindow:
         tier = slot.tiers.get(name)
         if tier is None:
             tier = slot.tiers[name] = TierSlot()
-        tier.statuses[ctx.status] += 1
+        tier.statuses[ctx.result.status] += 1
         if ttft_s is not None:
             tier.ttft[latency_bin(ttft_s)] += 1
         if tpot_s is not None:
             tier.tpot[latency_bin(tpot_s)] += 1
         if good:
             tier.good += 1
-        if ctx.status in (429, 503):
-            slot.refusals[ctx.error or "overloaded"] += 1
+        if ctx.result.status in (429, 503):
+            slot.refusals[ctx.result.error or "overloaded"] += 1
         slot.cache[ctx.cache] += 1
         if ctx.route.spill is not None and ctx.route.spill.target is not None:
             slot.spills[f"{ctx.route.spill.chosen.tier.name}->{ctx.route.spill.tier.name}"] += 1
         if ctx.route.difficulty is not None:
             slot.difficulty[min(DIFFICULTY_BINS - 1, int(ctx.route.difficulty * DIFFICULTY_BINS))] += 1
-        self._book(ctx.tenant_name, now, ctx.cost_usd, saved_usd)
+        self._book(ctx.tenant_name, now, ctx.result.cost_usd, saved_usd)
 
     def _open(self, index: int) -> Slot:
         slot = Slot(index)

@@ -55,7 +55,7 @@ class OwnerRecorder:
         self._known: dict[tuple[str, str | None, str | None, str | None], RequestOwner] = {}
 
     def __call__(self, ctx: RequestContext) -> None:
-        if ctx.status != 200 or ctx.tenant is None:
+        if ctx.result.status != 200 or ctx.tenant is None:
             return
         arm = ctx.assignment
         key = (ctx.tenant.name, arm.experiment if arm else None, arm.arm if arm else None,
@@ -91,7 +91,7 @@ class ShadowTap:
     def _submit(self, ctx: RequestContext) -> None:
         tenant, tier = ctx.tenant, ctx.route.tier
         rule = tenant.shadow if tenant is not None else None
-        complete = ctx.status == 200 and ctx.outcome == "ok" and ctx.upstream.upstream_started and ctx.error is None
+        complete = ctx.result.status == 200 and ctx.result.outcome == "ok" and ctx.upstream.upstream_started and ctx.result.error is None
         if rule is None or tier is None or tier.name != rule.from_tier or not complete or ctx.upstream.response_text is None:
             self.sender.outcome("not_submitted", ctx.tenant_name, rule.from_tier if rule else "none",
                                 rule.to_tier if rule else "none")

@@ -63,7 +63,7 @@ class AffinityStage:
         """After a good answer: this replica now holds the prompt's prefix."""
         if self._store is None or self._writes is None:
             return
-        if ctx.outcome == "ok" and ctx.upstream.upstream_started and ctx.route.tier and ctx.upstream.replica and len(ctx.route.tier.replicas) > 1:
+        if ctx.result.outcome == "ok" and ctx.upstream.upstream_started and ctx.route.tier and ctx.upstream.replica and len(ctx.route.tier.replicas) > 1:
             self._writes.spawn(self._store.record(ctx.route.tier.name, _scope(ctx), ctx.prompt_text(), ctx.upstream.replica.name))
 
 

@@ -130,7 +130,7 @@ class _Record:
         self.store, self.keys, self.holds, self.ttl_s, self.spawn = store, keys, holds, ttl_s, spawn
 
     def __call__(self, ctx: RequestContext) -> None:
-        if ctx.status != 200 or ctx.outcome != "ok" or ctx.upstream.response_text is None:
+        if ctx.result.status != 200 or ctx.result.outcome != "ok" or ctx.upstream.response_text is None:
             return
         key = self.keys.answered(ctx.upstream.response_text)
         self.store.hold_here(key, self.holds, self.ttl_s)

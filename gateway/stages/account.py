@@ -53,7 +53,7 @@ class Accountant:
         ctx.finished_at = now = time.perf_counter()
         self.count_tokens(ctx)
         cost, avoided, baseline = _prices(ctx, utc_day(ctx.ts))
-        ctx.cost_usd = cost
+        ctx.result.cost_usd = cost
         e2e_s = now - ctx.started
         ttft_s = ctx.upstream.first_token_at - ctx.started if ctx.upstream.first_token_at is not None else None
         tpot_s = None
@@ -72,15 +72,15 @@ class Accountant:
             "route_reason": ctx.route.route_reason,
             "tier": tier,
             "backend": ctx.upstream.replica.name if ctx.upstream.replica else None,
-            "status": ctx.status,
-            "outcome": ctx.outcome,
-            "error": bounded(ctx.error),
+            "status": ctx.result.status,
+            "outcome": ctx.result.outcome,
+            "error": bounded(ctx.result.error),
             "stream": ctx.stream,
             "prompt_tokens": ctx.upstream.prompt_tokens or 0,
             "completion_tokens": completion,
             "cached_tokens": ctx.upstream.cached_tokens,
             "usage_source": ctx.upstream.usage_source,
-            "priced_from": ctx.priced_from,
+            "priced_from": ctx.result.priced_from,
             "ttft_ms": _ms(ttft_s),
             "tpot_ms": _ms(tpot_s),
             "e2e_ms": _ms(e2e_s),
@@ -114,7 +114,7 @@ class Accountant:
         log_request(fields)
         if not observe:
             return
-        self._metrics.observe(tier or "none", ctx.status, e2e_s, ttft_s, tpot_s, cost)
+        self._metrics.observe(tier or "none", ctx.result.status, e2e_s, ttft_s, tpot_s, cost)
         good = meets_slo(ctx, ttft_s)
         self._metrics.live.record(ctx, ttft_s, tpot_s, baseline - cost, good)
         self._metrics.outcomes.observe(ctx, good, baseline - cost)
@@ -128,14 +128,14 @@ class Accountant:
         attempt's estimated output stays. Once: the relay counts when it sends the client a usage chunk of its
         own, and the log line then says the same. Says what the price is made of (`priced_from`)."""
         if ctx.upstream.usage_source == "backend":
-            ctx.priced_from = "backend_usage"
-        if ctx.upstream.usage_source is not None or not (ctx.upstream.upstream_started or ctx.priced_from) or ctx.route.tier is None:
+            ctx.result.priced_from = "backend_usage"
+        if ctx.upstream.usage_source is not None or not (ctx.upstream.upstream_started or ctx.result.priced_from) or ctx.route.tier is None:
             return
         counter = self._counters.for_spec(ctx.route.tier.tokenizer)
         completion = None
-        if ctx.priced_from is None:
+        if ctx.result.priced_from is None:
             completion = ctx.upstream.output_chunks if ctx.stream else counter.count(ctx.upstream.response_text or "")
-            ctx.priced_from = "counted"
+            ctx.result.priced_from = "counted"
         ctx.upstream.counted(counter.count_prompt(ctx.endpoint, ctx.body), completion)
 
 
@@ -146,7 +146,7 @@ def _prices(ctx: RequestContext, day: date) -> tuple[float, float, float]:
     answer: the prompt and the estimated output); cache hits cost 0 and avoided their tier's price; requests
     no backend worked on cost 0 against a baseline of 0."""
     hit = ctx.cache in ("hit", "semantic_hit")
-    if ctx.route.tier is None or not (ctx.upstream.upstream_started or ctx.priced_from or hit):
+    if ctx.route.tier is None or not (ctx.upstream.upstream_started or ctx.result.priced_from or hit):
         return 0.0, 0.0, 0.0
     tokens = (ctx.upstream.prompt_tokens or 0, ctx.upstream.completion_tokens or 0, ctx.upstream.cached_tokens)
     priced = (sum(part["cost_usd"] for part in priced_parts(ctx, day)) if ctx.upstream.resumed_parts

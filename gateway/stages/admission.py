@@ -145,5 +145,5 @@ class AdmissionStage:
 
     def _shed(self, ctx: RequestContext, gate: TierGate, err: GatewayError) -> NoReturn:
         self._metrics.shed.labels(gate.tier, err.code or "overloaded").inc()
-        ctx.error = err.code
+        ctx.result.flag(err.code)
         raise err

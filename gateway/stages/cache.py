@@ -58,7 +58,7 @@ class CacheStage:
 
 def _storable_answer(ctx: RequestContext) -> CachedAnswer | None:
     """The answer to store: only a complete, successful, uncapped one with known token counts."""
-    complete = ctx.outcome == "ok" and ctx.status == 200 and ctx.error is None and not ctx.upstream.output_capped
+    complete = ctx.result.outcome == "ok" and ctx.result.status == 200 and ctx.result.error is None and not ctx.upstream.output_capped
     if not complete or ctx.upstream.finish_reason not in STORABLE_FINISH or ctx.upstream.response_text is None:
         return None
     if ctx.upstream.prompt_tokens is None or ctx.upstream.completion_tokens is None:

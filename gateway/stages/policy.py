@@ -45,9 +45,9 @@ class PolicyStage:
 
     def _book(self, ctx: RequestContext, estimate: int) -> None:
         if self._limiter is not None and ctx.tenant is not None:
-            worked = ctx.upstream.upstream_started or ctx.priced_from  # work done is booked (a client gone too)
+            worked = ctx.upstream.upstream_started or ctx.result.priced_from  # work done is booked (a client gone too)
             used = (ctx.upstream.prompt_tokens or 0) + (ctx.upstream.completion_tokens or 0) if worked else 0
-            self._limiter.book(ctx.tenant, used - estimate, ctx.cost_usd)
+            self._limiter.book(ctx.tenant, used - estimate, ctx.result.cost_usd)
 
 
 class KnownKeys:

@@ -350,7 +350,7 @@ class RequestTrace:
             self._end(*self._answer, ctx)
         operation = OPERATIONS.get(ctx.endpoint, ctx.endpoint)
         name = f"{operation} {ctx.model_requested}" if ctx.model_requested else operation
-        error = (ctx.error or ctx.outcome) if ctx.status >= 500 or ctx.outcome == "internal_error" else None
+        error = (ctx.result.error or ctx.result.outcome) if ctx.result.status >= 500 or ctx.result.outcome == "internal_error" else None
         spans = self._spans
         spans.append((self.trace_id, self.span_id, self.parent_id, self._flags, self.trace_state, name, KIND_SERVER,
                       self._start_ns, time.time_ns(), ROOT_KEYS, _request_attributes(ctx, operation), None, error))
@@ -402,8 +402,8 @@ def _request_attributes(ctx: RequestContext, operation: str) -> tuple[Any, ...]:
     """GenAI semantic-convention attributes, and the gateway's own: the values of ROOT_KEYS (None: absent)."""
     return (operation, ctx.model_requested, ctx.upstream.replica.model if ctx.upstream.replica else None, ctx.max_tokens,
             ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, (ctx.upstream.finish_reason,) if ctx.upstream.finish_reason else None,
-            ctx.status, ctx.request_id, ctx.tenant_name, ctx.route.tier.name if ctx.route.tier else None, ctx.route.difficulty,
-            ctx.queue_ms, ctx.cache, ctx.cost_usd, ctx.outcome, ctx.error,
+            ctx.result.status, ctx.request_id, ctx.tenant_name, ctx.route.tier.name if ctx.route.tier else None, ctx.route.difficulty,
+            ctx.queue_ms, ctx.cache, ctx.result.cost_usd, ctx.result.outcome, ctx.result.error,
             (ctx.upstream.first_token_at - ctx.started) * 1000 if ctx.upstream.first_token_at is not None else None,
             *((ctx.assignment.experiment, ctx.assignment.arm) if ctx.assignment is not None else _NO_ARM))
 

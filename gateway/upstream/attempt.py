@@ -137,7 +137,7 @@ async def failover(ctx: RequestContext, pool: ReplicaPool, metrics: GatewayMetri
     """The first answer of `attempt` over the candidates; the last replica's error when none answered."""
     settings = ctx.config.routes.upstream
     if not ctx.route.candidates and ctx.route.tier is not None:
-        ctx.error = "no_replica_available"
+        ctx.result.flag("no_replica_available")
         wait_s = pool.retry_in(ctx.route.tier, ctx.config.routes.balancing.health_interval_s)
         raise Overloaded(f"no replica of tier {ctx.route.tier.name!r} is available (circuit open or failing health "
                          "checks)", code="no_replica_available", retry_after=wait_s)
@@ -154,6 +154,6 @@ async def failover(ctx: RequestContext, pool: ReplicaPool, metrics: GatewayMetri
             metrics.upstream_failures.labels(replica.name).inc()
             log.warning("upstream_attempt_failed", request_id=ctx.request_id, backend=replica.name,
                         attempt=ctx.upstream.attempts, reason=retry.error.message)
-    ctx.error = last.code or last.type
+    ctx.result.flag(last.code or last.type)
     raise last
 

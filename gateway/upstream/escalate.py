@@ -47,8 +47,9 @@ log = structlog.get_logger("gateway.escalate")
 OUTCOMES = ("kept", "escalated", "no_confidence", "no_replica", "shed", "failed")
 HITS = ("hit", "semantic_hit")
 # what the second hop changes in the context, put back when it does not answer (the first answer is returned)
-# (the route's record, `ctx.route`, is saved whole: a copy, put back whole; of `ctx.upstream`, these fields)
-_STATE = ("priced_from", "error", "first_byte_hooks", "cache_key")
+# (the route's record, `ctx.route`, is saved whole: a copy, put back whole; of `ctx.upstream`, these fields; of
+# `ctx.result`, its pricing and error, through its `put_back`)
+_STATE = ("first_byte_hooks", "cache_key")
 _UPSTREAM_STATE = ("replica", "attempts", "prompt_tokens", "completion_tokens", "cached_tokens", "usage_source",
                    "finish_reason", "response_text", "first_token_at", "output_capped")
 
@@ -124,7 +125,7 @@ class EscalateStage:
     def _end_first(ctx: RequestContext, source: Any) -> None:
         """Close the held stream's relay (it releases its lease and tallies what it generated into the context),
         take its tokens for the first part, and give the context back to the second."""
-        capped, error, cached = ctx.upstream.output_capped, ctx.error, ctx.upstream.cached_tokens
+        capped, error, cached = ctx.upstream.output_capped, ctx.result.error, ctx.upstream.cached_tokens
         source.close()
         first = ctx.escalation
         assert first is not None
@@ -133,10 +134,12 @@ class EscalateStage:
         else:
             prompt, completion = first.prompt_tokens, max(first.completion_tokens, ctx.upstream.output_chunks)
         ctx.escalation = dataclasses.replace(first, prompt_tokens=prompt, completion_tokens=completion)
-        ctx.upstream.prompt_tokens = ctx.upstream.completion_tokens = ctx.upstream.usage_source = ctx.priced_from = None
+        ctx.upstream.prompt_tokens = ctx.upstream.completion_tokens = ctx.upstream.usage_source = None
+        ctx.result.priced(None)
         upstream = ctx.upstream
         upstream.output_chunks, upstream.first_token_at, upstream.finish_reason, upstream.response_text = 0, None, None, None
-        ctx.upstream.output_capped, ctx.error, ctx.upstream.cached_tokens = capped, error, cached
+        ctx.upstream.output_capped, ctx.upstream.cached_tokens = capped, cached
+        ctx.result.flag(error)
 
     async def _second(self, ctx: RequestContext, first: Escalation) -> Reply | str:
         """The next tier's answer, or why there is none (the context as the first answer left it)."""
@@ -145,6 +148,7 @@ class EscalateStage:
         saved: dict[str, Any] = {name: getattr(ctx, name) for name in _STATE}
         saved["route"] = dataclasses.replace(ctx.route)
         saved["upstream"] = {name: getattr(ctx.upstream, name) for name in _UPSTREAM_STATE}
+        saved["result"] = (ctx.result.priced_from, ctx.result.error)
         choice = await self._rank.choose(ctx, target)
         ctx.escalation = first  # from here the request is escalated: no more log-probabilities asked
         if not choice.replicas:
@@ -160,7 +164,8 @@ class EscalateStage:
         ctx.route.escalate_to(target)
         choice.apply(ctx)
         ctx.upstream.attempts = 0  # not a retry: the budget is for failures
-        ctx.upstream.prompt_tokens = ctx.upstream.completion_tokens = ctx.upstream.usage_source = ctx.priced_from = None
+        ctx.upstream.prompt_tokens = ctx.upstream.completion_tokens = ctx.upstream.usage_source = None
+        ctx.result.priced(None)
         ctx.upstream.cached_tokens, ctx.cache_key = 0, None  # never stored: the key is the first tier's
         ctx.first_byte_hooks = [permit.sample] if permit is not None else []
         try:
@@ -187,6 +192,8 @@ class EscalateStage:
             if name == "upstream":
                 for field, kept in value.items():
                     setattr(ctx.upstream, field, kept)
+            elif name == "result":
+                ctx.result.put_back(*value)
             else:
                 setattr(ctx, name, value)
         ctx.escalation = dataclasses.replace(first, outcome=outcome)

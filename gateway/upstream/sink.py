@@ -28,7 +28,7 @@ class ContextSink:
         self._count_tokens = count_tokens
 
     def failed(self, code: str) -> None:
-        self._ctx.outcome, self._ctx.error = "upstream_error", code
+        self._ctx.result.failed(code)
 
     def counted_usage(self, tally: StreamTally) -> dict[str, int]:
         ctx = self._ctx
@@ -42,13 +42,13 @@ class ContextSink:
         self._settle(tally)
         ctx.upstream.output_capped = ctx.upstream.output_capped or end.capped or tally.cut > 0  # one output, or some of several
         if end.added_finish is not None:
-            ctx.error = ctx.error or "upstream_missing_finish"
+            ctx.result.flag("upstream_missing_finish", keep=True)
             log.warning("upstream_missing_finish", request_id=ctx.request_id,
                         backend=ctx.upstream.replica.name if ctx.upstream.replica else None, finish_reason=end.added_finish,
                         completion_chunks=tally.content_chunks, max_tokens=ctx.max_tokens)
-        if end.delivered and ctx.outcome == "client_disconnected":
-            ctx.status, ctx.outcome = 200, "ok"  # the client had all of it, [DONE] included, then closed
-        self._lease.release(failed=end.failed and ctx.outcome == "upstream_error",  # per output: the TPOT
+        if end.delivered and ctx.result.outcome == "client_disconnected":
+            ctx.result.served()  # the client had all of it, [DONE] included, then closed
+        self._lease.release(failed=end.failed and ctx.result.outcome == "upstream_error",  # per output: the TPOT
                             completion=(ctx.upstream.completion_tokens or ctx.upstream.output_chunks) // outputs(ctx)[1])
 
     def _settle(self, tally: StreamTally) -> None:
@@ -58,8 +58,8 @@ class ContextSink:
         ctx.upstream.output_chunks = tally.content_chunks
         if tally.text is not None:
             ctx.upstream.response_text = "".join(tally.text)
-        if tally.malformed and ctx.error is None:
-            ctx.error = "upstream_malformed_events"  # forwarded without them; never cached
+        if tally.malformed:
+            ctx.result.flag("upstream_malformed_events", keep=True)  # forwarded without them; never cached
         apply_usage(ctx, tally.usage)
 
 
@@ -90,7 +90,7 @@ def price_abandoned(ctx: RequestContext, stats: ReplicaStats, elapsed_s: float) 
     max_tokens. No measured rate: the prompt only. A stream (the relay did not take it over yet) had
     sent no byte: it wrote nothing yet (its first token is sent as soon as it is made)."""
     ctx.upstream.completion_tokens = 0
-    ctx.priced_from = "prompt_only"  # the backend had the request: its work is priced (accounting)
+    ctx.result.priced("prompt_only")  # the backend had the request: its work is priced (accounting)
     if ctx.stream:
         return
     tpot = stats.tpot_s
@@ -105,4 +105,4 @@ def price_abandoned(ctx: RequestContext, stats: ReplicaStats, elapsed_s: float) 
         if ctx.max_tokens is not None:
             per_output = min(per_output, ctx.max_tokens)
     ctx.upstream.completion_tokens = per_output * outputs(ctx)[1]
-    ctx.priced_from = "estimated_decode_rate"
+    ctx.result.priced("estimated_decode_rate")

@@ -140,7 +140,7 @@ async def test_a_hang_up_is_priced_for_the_tokens_read_from_the_backend(start_ap
         chunks = reply.source.chunks()
         assert await anext(chunks) == content("a")
         await asyncio.sleep(0.3)  # "b" to "f" arrive while the client is gone
-        ctx.status, ctx.outcome = 499, "client_disconnected"
+        ctx.result.status, ctx.result.outcome = 499, "client_disconnected"
         reply.source.close()
         gateway.path.finish(ctx)
         [line] = await request_lines(logs)

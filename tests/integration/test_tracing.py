@@ -333,7 +333,7 @@ async def test_traces_record_errors_and_send_the_right_traceparent() -> None:
         with pytest.raises(RuntimeError):
             await trace.stage("upstream", ProxyStage(), ctx)
         upstream = trace.headers()["traceparent"]
-        ctx.status, ctx.outcome, ctx.error = 500, "internal_error", None
+        ctx.result.status, ctx.result.outcome, ctx.result.error = 500, "internal_error", None
         trace.finish(ctx)
         trace.finish(ctx)  # once only
         unsampled = tracing.start({"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"}, ctx)

@@ -74,7 +74,7 @@ def served(tier_name: str, prompt: int = 1000, completion: int = 500, cached: in
     ctx.tenant = next(iter(CONFIG.tenants_by_key_hash.values()))
     ctx.route.tier = CONFIG.tiers[tier_name]
     ctx.upstream.replica = ctx.route.tier.replicas[0]
-    ctx.upstream.upstream_started, ctx.status, ctx.upstream.usage_source = True, 200, "backend"
+    ctx.upstream.upstream_started, ctx.result.status, ctx.upstream.usage_source = True, 200, "backend"
     ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, ctx.upstream.cached_tokens = prompt, completion, cached
     ctx.upstream.first_token_at = ctx.started + 0.01
     return ctx

@@ -68,7 +68,7 @@ async def test_the_expected_queue_wait_counts_toward_the_objective() -> None:
     queued = len(gate.queue)
     with pytest.raises(Overloaded) as caught:
         await asyncio.wait_for(task, 5)
-    assert queued == 0 and (caught.value.code, ctx.error) == ("predicted_slo_miss", "predicted_slo_miss")
+    assert queued == 0 and (caught.value.code, ctx.result.error) == ("predicted_slo_miss", "predicted_slo_miss")
     assert ctx.route.predicted_ttft_s is not None and ctx.route.predicted_ttft_s * 1000 < SLO_MS  # the prediction alone: in time
     assert "would answer in about 1" in caught.value.message  # ~120 ms: prediction plus wait
     assert caught.value.retry_after == pytest.approx(0.06, abs=0.01)

@@ -19,7 +19,7 @@ def request(tier_name: str | None, status: int = 200, error: str | None = None, 
             cost: float = 0.001) -> RequestContext:
     ctx = RequestContext("r", "chat", CONFIG, b"", None, 0.0, 0.0)
     ctx.route.tier = CONFIG.tiers[tier_name] if tier_name else None
-    ctx.tenant, ctx.status, ctx.error, ctx.route.difficulty, ctx.cost_usd = TENANT, status, error, difficulty, cost
+    ctx.tenant, ctx.result.status, ctx.result.error, ctx.route.difficulty, ctx.result.cost_usd = TENANT, status, error, difficulty, cost
     return ctx
 
 

@@ -42,7 +42,7 @@ async def test_each_outcome_is_counted_once_in_stats_and_metrics() -> None:
 
     tap = ShadowTap(ShadowSender(send, sender.scorer, sender.store, lambda: False, metrics=metrics.shadow))
     failed = await routed(config(shadow=SHADOW), body("u"), shadow=tap)
-    failed.status = 502
+    failed.result.status = 502
     failed.finishers[0](failed)  # an error answer: nothing to compare
 
     tiers = (RULE.from_tier, RULE.to_tier)

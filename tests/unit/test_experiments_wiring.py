@@ -106,7 +106,7 @@ async def test_owners_are_recorded_for_served_requests_only() -> None:
     owners = RequestOwners(None)
     cfg = config(experiments=[HALF])
     served, refused = await routed(cfg, body("user-1")), await routed(cfg, body("user-2"))
-    served.status, refused.status = 200, 429
+    served.result.status, refused.result.status = 200, 429
     record = OwnerRecorder(owners)
     record(served)
     record(refused)
@@ -141,8 +141,8 @@ async def test_a_shadowed_request_keeps_its_text_and_submits_only_a_complete_ans
     assert all(ctx.keep_text and len(ctx.finishers) == 1 for ctx in contexts)
     complete, failed, brownout, no_text = contexts
     for ctx in contexts:
-        ctx.status, ctx.upstream.upstream_started, ctx.upstream.response_text = 200, True, "an answer"
-    failed.status = 502
+        ctx.result.status, ctx.upstream.upstream_started, ctx.upstream.response_text = 200, True, "an answer"
+    failed.result.status = 502
     brownout.route.tier = cfg.tiers["large"]
     no_text.upstream.response_text = None
     for ctx in contexts:

@@ -47,7 +47,7 @@ def test_a_miss_that_reached_no_backend_costs_nothing() -> None:
 
 def test_a_request_priced_without_an_upstream_start_is_priced() -> None:
     c = ctx(started=False)
-    c.priced_from = "prompt_only"  # type: ignore[assignment]
+    c.result.priced_from = "prompt_only"  # type: ignore[assignment]
     assert _prices(c, DAY) == pytest.approx((0.0005, 0.0, 0.0105))
 
 

@@ -202,7 +202,7 @@ async def test_a_gateway_error_sets_the_lines_status_outcome_and_error(
     url, app = await started(start_emulator, start_app)
 
     async def run(ctx: RequestContext) -> Any:
-        ctx.error = preset
+        ctx.result.error = preset
         raise error
 
     replace_run(monkeypatch, app, run)
@@ -311,7 +311,7 @@ class Response:
 
 
 def bare_context() -> Any:
-    return SimpleNamespace(request_id="req-1", status=200, outcome="ok", error=None)
+    return SimpleNamespace(request_id="req-1", result=SimpleNamespace(status=200, outcome="ok", error=None))
 
 
 async def test_a_client_that_takes_nothing_is_dropped_as_499_with_one_warning() -> None:
@@ -319,7 +319,7 @@ async def test_a_client_that_takes_nothing_is_dropped_as_499_with_one_warning() 
     with capture_logs() as logs:
         kept = await http._write_behind(Response(hang=True), transport, ctx, b"chunk", 0.05)
     assert kept is False
-    assert (ctx.status, ctx.outcome, ctx.error) == (499, "client_disconnected", "client_write_timeout")
+    assert (ctx.result.status, ctx.result.outcome, ctx.result.error) == (499, "client_disconnected", "client_write_timeout")
     assert transport.aborted == 1
     assert logs == [{"event": "client_write_timeout", "log_level": "warning", "request_id": "req-1",
                      "timeout_s": 0.05, "buffered_bytes": 1234}]
@@ -331,5 +331,5 @@ async def test_a_client_that_catches_up_keeps_its_stream() -> None:
         kept = await http._write_behind(response, transport, ctx, b"chunk", 5.0)
     assert kept is True
     assert response.written == [b"chunk"]
-    assert (ctx.status, ctx.outcome, ctx.error) == (200, "ok", None)
+    assert (ctx.result.status, ctx.result.outcome, ctx.result.error) == (200, "ok", None)
     assert transport.aborted == 0 and logs == []

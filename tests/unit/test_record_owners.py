@@ -1,7 +1,9 @@
 """Each record on the request's context has one owner (issue 38): only the owner's modules assign its fields.
 
 `ctx.route` (gateway.routing.decision.RouteDecision) is written by the route's steps, `ctx.upstream`
-(gateway.upstream.record.UpstreamRecord) by the hop to a replica; a field with another single writer names it below. Anyone else goes through a method of the record (which lives in the owner's module). The
+(gateway.upstream.record.UpstreamRecord) by the hop to a replica, `ctx.result` (gateway.accounting.result.RequestResult)
+by the edge (status, outcome, error as the client saw them) and the account stage (the price); a field with another
+single writer names it below. Anyone else goes through a method of the record (defined beside it). The
 check is by syntax: an assignment (plain, augmented, or in a tuple) to `<anything>.<record>.<field>`, or a
 `setattr(<anything>.<record>, ...)`, outside the field's owner fails; so does an owner map that names a field
 the record does not have."""
@@ -12,6 +14,7 @@ import ast
 import dataclasses
 from pathlib import Path
 
+from gateway.accounting.result import RequestResult
 from gateway.routing.decision import RouteDecision
 from gateway.upstream.record import UpstreamRecord
 
@@ -23,6 +26,8 @@ RECORDS: dict[str, tuple[type, str, dict[str, str]]] = {
         "difficulty": "gateway.stages.classify", "quality": "gateway.stages.classify",
         "predicted_ttft_s": "gateway.stages.admission"}),
     "upstream": (UpstreamRecord, "gateway.upstream", {"stop_sequence": "gateway.protocols.base"}),
+    "result": (RequestResult, "gateway.http gateway.accounted", {  # the edge: its two modules
+        "cost_usd": "gateway.stages.account", "priced_from": "gateway.stages.account"}),
 }
 
 
@@ -31,8 +36,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def within(module: str, owner: str) -> bool:
-    return module == owner or module.startswith(owner + ".")
+def within(module: str, owners: str) -> bool:
+    return any(module == owner or module.startswith(owner + ".") for owner in owners.split())
 
 
 def targets(node: ast.AST) -> list[ast.expr]:

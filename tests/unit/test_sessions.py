@@ -105,7 +105,7 @@ async def _turn(stage: SessionStage, body: dict, routed: str, config: object = C
     ctx.route.route_reason = f"band: -> {routed}"
     ctx.session_header = header
     await stage(ctx)
-    ctx.status, ctx.upstream.response_text = 200, answer
+    ctx.result.status, ctx.upstream.response_text = 200, answer
     run_finishers(ctx)
     await asyncio.sleep(0)
     return ctx

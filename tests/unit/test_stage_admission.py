@@ -93,7 +93,7 @@ async def test_a_predicted_slo_miss_is_shed_when_the_replica_is_busy_and_sent_wh
     assert (error.status, error.code) == (503, "predicted_slo_miss")
     assert "over the 100 ms TTFT objective of tenant 'test-tenant'" in error.message
     assert error.retry_after is not None and error.retry_after > 0.29
-    assert ctx.error == "predicted_slo_miss" and ctx.finishers == []
+    assert ctx.result.error == "predicted_slo_miss" and ctx.finishers == []
     assert admission.shed("t", "predicted_slo_miss") == 1
 
 
@@ -119,7 +119,7 @@ async def test_a_full_queue_is_shed_at_once() -> None:
     ctx = await admission.routed(config)
     with pytest.raises(Overloaded) as caught:
         await admission.stage(ctx)
-    assert (caught.value.status, caught.value.code, ctx.error) == (503, "queue_full", "queue_full")
+    assert (caught.value.status, caught.value.code, ctx.result.error) == (503, "queue_full", "queue_full")
     assert admission.shed("t", "queue_full") == 1
 
 

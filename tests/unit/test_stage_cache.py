@@ -53,10 +53,11 @@ async def looked_up(stage: CacheStage, body: dict[str, Any]) -> tuple[RequestCon
 
 def answered(ctx: RequestContext, **changes: Any) -> None:
     """What the proxy and accounting leave on the context after a complete answer, with `changes`."""
-    ctx.upstream.replica, ctx.upstream.upstream_started, ctx.status, ctx.outcome = REPLICA, True, 200, "ok"
+    ctx.upstream.replica, ctx.upstream.upstream_started, ctx.result.status, ctx.result.outcome = REPLICA, True, 200, "ok"
     ctx.upstream.response_text, ctx.upstream.finish_reason, ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens = "Hello!", "stop", 9, 3
     for name, value in changes.items():
-        setattr(ctx.upstream if hasattr(ctx.upstream, name) else ctx, name, value)
+        record = next((r for r in (ctx.upstream, ctx.result) if hasattr(r, name)), ctx)
+        setattr(record, name, value)
 
 
 async def stored(cache: Cache, ctx: RequestContext) -> None:

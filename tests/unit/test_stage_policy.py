@@ -130,7 +130,7 @@ async def test_the_booking_finisher_charges_the_cost_accounting_set_to_the_daily
     assert len(ctx.finishers) == 1
     await admitted(config=config, stage=stage)  # nothing booked yet: still within budget
     ctx.upstream.upstream_started, ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens = True, 3, 5
-    ctx.cost_usd = 0.02  # what accounting sets, after the stages and before the finishers
+    ctx.result.cost_usd = 0.02  # what accounting sets, after the stages and before the finishers
     run_finishers(ctx)
     with pytest.raises(RateLimited) as caught:
         await admitted(config=config, stage=stage)
