@@ -292,3 +292,44 @@ def test_input_tokens_are_the_tiers_count_of_a_chat_body() -> None:
     assert acc.input_tokens(BIG, BODY) == 77
     assert counters.specs == [BIG.tokenizer] and counters.counter.prompts == [("chat", BODY)]
     assert acc.counters is counters
+
+
+# -- _prices: what test_mutants_account.py left ----------------------------------------------------------------------
+
+def dated(t: Any, later: float) -> Any:
+    from gateway.config.routes import Prices
+
+    first = t.prices
+    change = Prices(effective_from=date(2026, 6, 1), input_per_mtok=first.input_per_mtok * later,
+                    output_per_mtok=first.output_per_mtok * later)
+    return t.model_copy(update={"prices": (first, change)})
+
+
+def test_an_escalated_answers_first_part_at_the_days_prices() -> None:
+    from gateway.routing.escalate import Escalation
+    from gateway.stages.account import _prices
+
+    small, big = dated(SMALL, 2.0), dated(BIG, 10.0)
+    c = request_context(gateway_config([small, big]), BODY)
+    c.route.tier = c.config.tiers["big"]
+    c.upstream.upstream_started = True
+    c.upstream.prompt_tokens, c.upstream.completion_tokens = 1000, 500
+    c.escalation = Escalation(rule=None, confidence=0.2, from_tier=small, from_replica="small-0",  # type: ignore[arg-type]
+                              prompt_tokens=100, completion_tokens=50, cached_tokens=0, first_ms=10.0)
+    served = (1000 * 30.0 + 500 * 150.0) / 1e6  # big on 2026-06-01: ten times
+    first_small = (100 * 0.4 + 50 * 1.2) / 1e6  # the first part on small's prices of the day: twice
+    first_big = (100 * 30.0 + 50 * 150.0) / 1e6
+    assert _prices(c, date(2026, 6, 1)) == pytest.approx((served + first_small, 0.0, served + first_big))
+
+
+def test_a_resumed_answer_served_on_the_baseline_tier_is_its_own_baseline() -> None:
+    from gateway.stages.account import _prices
+
+    c = request_context(CONFIG, BODY)
+    c.route.tier = CONFIG.tiers["big"]  # the baseline
+    c.upstream.upstream_started = True
+    c.upstream.resumed_parts = [ResumePart("a", SMALL, 0), ResumePart("b", BIG, 2)]
+    c.upstream.prompt_tokens, c.upstream.completion_tokens, c.upstream.cached_tokens = 2 * 500 + 2, 6, 0
+    day = date(2026, 11, 25)
+    parts = SMALL.price_at(day).cost_usd(500, 2, 0) + BIG.price_at(day).cost_usd(502, 4, 0)
+    assert _prices(c, day) == pytest.approx((parts, 0.0, parts))
