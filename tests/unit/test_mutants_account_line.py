@@ -5,6 +5,7 @@ times on a stopped clock; the metrics fed (or not, for a line outside the reques
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import date
 from types import SimpleNamespace
@@ -333,3 +334,95 @@ def test_a_resumed_answer_served_on_the_baseline_tier_is_its_own_baseline() -> N
     day = date(2026, 11, 25)
     parts = SMALL.price_at(day).cost_usd(500, 2, 0) + BIG.price_at(day).cost_usd(502, 4, 0)
     assert _prices(c, day) == pytest.approx((parts, 0.0, parts))
+
+
+# -- the rest of settle's survivors ---------------------------------------------------------------------------------
+
+def test_times_keep_three_decimals_of_a_millisecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = served()
+    ctx.upstream.first_token_at = ctx.started + 0.2501234
+    line, _, _ = settle(ctx, monkeypatch, after_s=1.2505678)
+    assert (line["ttft_ms"], line["e2e_ms"]) == (250.123, 1250.568)
+
+
+def test_settle_feeds_the_metrics_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = served()
+    acc, _, metrics = accountant()
+    with capture_logs():
+        acc.settle(ctx)
+    assert [o[0] for o in metrics.observed] == ["observe", "live", "outcomes"]
+
+
+@pytest.mark.parametrize(("slo_ms", "good"), [(300.0, True), (200.0, False), (None, True)])
+def test_goodput_is_judged_on_the_first_tokens_time(monkeypatch: pytest.MonkeyPatch, slo_ms: float | None,
+                                                    good: bool) -> None:
+    ctx = served()
+    ctx.result.status = 200
+    ctx.tenant = dataclasses.replace(ctx.tenant, ttft_slo_ms=slo_ms)
+    _, metrics, _ = settle(ctx, monkeypatch)
+    (_, live, outcomes) = metrics.observed
+    assert live[5] is good and outcomes[2] is good
+
+
+def dated_config() -> Any:
+    return gateway_config([dated(SMALL, 2.0), dated(BIG, 10.0)])
+
+
+def test_a_resumed_answer_on_dated_prices_is_priced_at_the_days(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = dated_config()
+    ctx = served()
+    ctx.config = config
+    small, big = config.tiers["small"], config.tiers["big"]
+    ctx.route.tier = small
+    ctx.upstream.resumed_parts = [ResumePart("a", small, 0), ResumePart("b", big, 2)]
+    ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens, ctx.upstream.cached_tokens = 2 * 500 + 2, 6, 0
+    line, _, _ = settle(ctx, monkeypatch)
+    day = utc_day(ctx.ts)
+    assert day >= date(2026, 6, 1)  # the later prices
+    assert [p["cost_usd"] for p in line["parts"]] == [small.price_at(day).cost_usd(500, 2, 0),
+                                                      big.price_at(day).cost_usd(502, 4, 0)]
+    assert line["cost_usd"] == pytest.approx(sum(p["cost_usd"] for p in line["parts"]))
+
+
+def test_an_escalated_answers_parts_on_the_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.routing.escalate import Escalation
+
+    config = dated_config()
+    ctx = served()
+    ctx.config = config
+    ctx.route.tier = config.tiers["big"]
+    ctx.upstream.cached_tokens = 0
+    ctx.escalation = Escalation(rule=SimpleNamespace(min_confidence=0.5, hold_tokens=8),  # type: ignore[arg-type]
+                                confidence=0.2, from_tier=config.tiers["small"], from_replica="small-0",
+                                prompt_tokens=100, completion_tokens=50, cached_tokens=0, first_ms=10.0)
+    line, _, _ = settle(ctx, monkeypatch)
+    day = utc_day(ctx.ts)
+    served_cost = config.tiers["big"].price_at(day).cost_usd(1000, 6, 0)
+    first = config.tiers["small"].price_at(day).cost_usd(100, 50, 0)
+    assert line["escalated_from"] == "small"
+    first_part, second_part = line["escalation"]["parts"]
+    assert first_part["cost_usd"] == first
+    assert second_part["cost_usd"] == pytest.approx(served_cost, abs=1e-12)
+    assert line["cost_usd"] == pytest.approx(served_cost + first, abs=1e-12)
+
+
+
+def test_the_counter_is_the_served_tiers() -> None:
+    acc, counters, _ = accountant()
+    t = tier("counted", ["http://127.0.0.1:9/v1"], tokenizer="emulator")
+    ctx = served(False)
+    ctx.route.tier = t
+    ctx.upstream.usage_source = None
+    acc.count_tokens(ctx)
+    assert counters.specs == ["emulator"]
+    assert acc.input_tokens(t, BODY) == 77 and counters.specs == ["emulator", "emulator"]
+
+
+def test_prepare_builds_the_counters_of_the_configs_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.stages.account as account
+
+    built: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(account, "build_counters", lambda routes, counters: built.append((routes, counters)))
+    acc, counters, _ = accountant()
+    acc.prepare(CONFIG)
+    assert built == [(CONFIG.routes, counters)]
