@@ -1,4 +1,14 @@
-"""RequestContext: everything one request carries through the stages, and what they learn."""
+"""RequestContext: everything one request carries through the stages, and what they learn.
+
+What the stages learn sits in typed records, each written by one owner (tests/unit/test_record_owners.py):
+    reading   what the request asks, read once (gateway.reading.Reading; the parse stage)
+    route     the tier, its ranked replicas and why (gateway.routing.decision.RouteDecision; the route's steps)
+    upstream  the hop to a replica and what its answer said (gateway.upstream.record.UpstreamRecord)
+    result    status, outcome and error as the client saw them (the edge), and the price (the account stage)
+              (gateway.accounting.result.RequestResult)
+The fields left here are the request as the edge received it, what the parse and policy stages set from it
+(body, stream, tenant, max_tokens), and the per-request plumbing (cache status and key, finishers, hooks, trace).
+"""
 
 from __future__ import annotations
 
