@@ -26,7 +26,7 @@ from gateway.upstream.record import UpstreamRecord
 from gateway.types import CacheStatus, ClientWire, Endpoint, Reply
 
 if TYPE_CHECKING:
-    from gateway.routing.escalate import Escalation
+    from gateway.routing.decision import Escalation
 
 
 class Trace(Protocol):

@@ -4,6 +4,10 @@ Owner: the route's steps (gateway.routing: tiers, session, detour, spill, affini
 Two fields have one other owner each: the classify stage writes the scores (`difficulty`, `quality`), admission
 writes `predicted_ttft_s`. Anyone else who moves the request goes through a method here (`brownout`,
 `escalate_to`, `pinned`), never by assigning a field: tests/unit/test_record_owners.py checks it.
+
+`Escalation` (the first part of an escalated answer, `ctx.escalation`: gateway.routing.escalate decides,
+gateway.upstream.escalate writes it) lives here too, beside the context's other records, so that the context
+imports no module that imports it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gateway.config import Replica, Tier
+    from gateway.config.policies import Escalate
     from gateway.routing.quality import QualityChoice
     from gateway.routing.spill_decision import SpillChoice
 
@@ -49,3 +54,19 @@ class RouteDecision:
     def pinned(self, tier: Tier, candidates: tuple[Replica, ...]) -> None:
         """A request whose tier is given, not routed (an experiment's shadow): the tier and its ranked replicas."""
         self.tier, self.candidates = tier, candidates
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """An answer that was escalated: the first part (the tier that answered first) and why."""
+
+    rule: Escalate
+    confidence: float | None  # None: the answer had no log-probabilities
+    from_tier: Tier
+    from_replica: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    first_ms: float  # from the request's start to the decision (a held stream: when the client's stream may start)
+    # escalated; kept (confident, or no confidence); or why the second tier did not answer: the first answer returned
+    outcome: str = "escalated"

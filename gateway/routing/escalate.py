@@ -19,7 +19,6 @@ accounting adds its cost (`first_cost`) and the log line's `escalated_from` and 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
@@ -27,22 +26,7 @@ from gateway.config import Tier
 from gateway.config.policies import Escalate
 from gateway.context import RequestContext
 from gateway.protocols.native import is_native
-
-
-@dataclass(frozen=True, slots=True)
-class Escalation:
-    """An answer that was escalated: the first part (the tier that answered first) and why."""
-
-    rule: Escalate
-    confidence: float | None  # None: the answer had no log-probabilities
-    from_tier: Tier
-    from_replica: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    first_ms: float  # from the request's start to the decision (a held stream: when the client's stream may start)
-    # escalated; kept (confident, or no confidence); or why the second tier did not answer: the first answer returned
-    outcome: str = "escalated"
+from gateway.routing.decision import Escalation as Escalation  # defined beside the route's record (no import circle)
 
 
 def armed(ctx: RequestContext) -> Escalate | None:

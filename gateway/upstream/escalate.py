@@ -33,8 +33,9 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError, Overloaded
 from gateway.metrics import GatewayMetrics
 from gateway.metrics.promfast import Counter
+from gateway.routing.decision import Escalation
 from gateway.routing.escalate import (
-    Escalation, armed, client_asked, confidence, escalates, next_tier, strip_logprobs, token_logprobs,
+    armed, client_asked, confidence, escalates, next_tier, strip_logprobs, token_logprobs,
 )
 from gateway.routing.ranking import RankStage
 from gateway.stages.admission import AdmissionStage
