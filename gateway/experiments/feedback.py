@@ -373,8 +373,8 @@ def parse_feedback(body: bytes | Mapping[str, Any]) -> tuple[str, float, str, st
         raise InvalidRequest("give one of 'score' (a number in [0, 1]) and 'thumbs' ('up' or 'down')",
                              param="score")
     if thumbs is not None:
-        if thumbs not in THUMBS:
-            raise InvalidRequest(f"'thumbs' must be 'up' or 'down', got {thumbs!r}", param="thumbs")
+        if not isinstance(thumbs, str) or thumbs not in THUMBS:  # a list or object is not hashable: a 400 too
+            raise InvalidRequest(f"'thumbs' must be 'up' or 'down', got {str(thumbs)[:40]!r}", param="thumbs")
         value, source = THUMBS[thumbs], "thumbs"
     else:
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:

@@ -88,7 +88,7 @@ class ConversationKeys(NamedTuple):
     def answered(self, reply: str) -> str:
         """The key of the conversation once `reply` (the assistant's answer text) is added."""
         digest = self.digest.copy()
-        _update(digest, Part("text", "assistant", reply, self.next_turn))
+        update_digest(digest, Part("text", "assistant", reply, self.next_turn))
         return str(digest.hexdigest())
 
 
@@ -101,13 +101,15 @@ def conversation_keys(tenant: str, reading: Reading) -> ConversationKeys:
     for part in parts:
         if lookup is None and upto >= 0 and part.turn > upto:
             lookup = digest.hexdigest()  # the conversation through its last assistant reply
-        _update(digest, part)
+        update_digest(digest, part)
     if lookup is None and upto >= 0:
         lookup = digest.hexdigest()  # (it ends with the reply: no user turn after it)
     return ConversationKeys(lookup, digest, parts[-1].turn + 1 if parts else 0)
 
 
-def _update(digest: Any, part: Part) -> None:
+def update_digest(digest: Any, part: Part) -> None:
+    """Feed one part of a conversation into a session digest (turn, role, kind, value): the same bytes wherever
+    a conversation is digested (the session step, and `gateway whatif` linking logged turns)."""
     value = part.value if isinstance(part.value, str) else orjson.dumps(part.value).decode()
     digest.update(f"{part.turn}\x1f{part.role}\x1f{part.kind}\x1f".encode())
     digest.update(value.encode("utf-8", "surrogatepass"))

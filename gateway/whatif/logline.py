@@ -35,7 +35,7 @@ from gateway.config.policies import CacheRule
 from gateway.context import RequestContext
 from gateway.experiments.assign import sticky_key
 from gateway.routing.sessions import MESSAGE_ROLES, header_key, session_id
-from gateway.routing.sessions import _update as _digest_part  # the session step's own digest of a message part
+from gateway.routing.sessions import update_digest as _digest_part  # the session step's own digest of a message part
 
 REPLAY_VERSION = 2  # 2: turn_keys
 _ALWAYS = CacheRule(mode="always")

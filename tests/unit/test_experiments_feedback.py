@@ -196,3 +196,12 @@ async def test_without_redis_each_replica_takes_its_share_of_the_feedback_limit(
         await alone.admit("alice", 10)
     with pytest.raises(RateLimited):
         await alone.admit("alice", 10)
+
+
+@pytest.mark.parametrize("thumbs", [{"a": 1}, ["up"], 1, None])
+def test_thumbs_of_any_other_type_is_a_400_naming_the_field(thumbs: object) -> None:
+    """A dict or list for `thumbs` was unhashable: a 500 the API fuzzer found; any non-string is refused."""
+    body = {"request_id": "r-1", "thumbs": thumbs} if thumbs is not None else {"request_id": "r-1", "thumbs": "sideways"}
+    with pytest.raises(InvalidRequest) as err:
+        parse_feedback(body)
+    assert err.value.param == "thumbs" and err.value.status == 400
