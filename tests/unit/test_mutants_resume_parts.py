@@ -156,3 +156,33 @@ def test_without_a_tier_the_client_has_a_token_per_chunk() -> None:
     c.route.tier = None
     r, _ = resumer(c, counters=None)
     assert r._tokens("text", StreamTally(content_chunks=3)) == 3
+
+
+# -- after the measurement of 2026-11-28: survivors of part_tokens and priced_parts -----------------------------------
+
+CACHED = SMALL.model_copy(update={"prices": SMALL.prices.model_copy(update={"cached_input_per_mtok": 0.1})})
+
+
+def test_only_the_last_part_gets_the_cached_discount() -> None:
+    parts = [ResumePart("a", CACHED, 0), ResumePart("b", CACHED, 2), ResumePart("c", CACHED, 5)]
+    c = ctx(parts, 3 * 100 + 7, 9, cached=40)
+    prices = CACHED.price_at(DAY)
+    assert [p["cost_usd"] for p in priced_parts(c, DAY)] == [
+        prices.cost_usd(100, 2, 0), prices.cost_usd(102, 3, 0), prices.cost_usd(105, 4, 40)]
+
+
+def test_a_prompt_that_does_not_divide_evenly_is_floored() -> None:
+    parts = [ResumePart("a", SMALL, 0), ResumePart("b", SMALL, 1)]
+    assert part_tokens(ctx(parts, 2 * 10 + 1 + 1, 3)) == [(parts[0], 10, 1), (parts[1], 11, 2)]  # 21 // 2
+
+
+def test_the_last_part_ends_at_the_last_sent_count_not_the_second() -> None:
+    parts = [ResumePart("a", SMALL, 0), ResumePart("b", SMALL, 2), ResumePart("c", SMALL, 6)]
+    # completion 4 (fewer than sent: a count lost) -> the last part ends at what was sent before it (6)
+    assert part_tokens(ctx(parts, 3 * 10 + 8, 4))[-1] == (parts[2], 16, 0)
+
+
+def test_no_prompt_count_is_zero_not_one() -> None:
+    parts = [ResumePart("a", SMALL, 0), ResumePart("b", SMALL, 0)]
+    assert [p[1] for p in part_tokens(ctx(parts, None, 1))] == [0, 0]
+    assert part_tokens(ctx(parts, None, None))[-1][2] == 0
