@@ -8,10 +8,10 @@ import hmac
 import orjson
 from aiohttp import web
 
-from gateway.accounted import refuse
+from gateway.edge.accounted import refuse
 from gateway.state import GATEWAY, Gateway
 from gateway.body import read_body
-from gateway.edge_keys import bearer
+from gateway.edge.keys import bearer
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, NotFound
 from gateway.routing.explain import explain
 from gateway.stages.parse import check_depth

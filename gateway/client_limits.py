@@ -9,7 +9,7 @@
 
 The size limits sit elsewhere: headers (aiohttp's parser: 8190-byte lines and fields, 128 headers,
 answered 431 in the OpenAI error shape with a request-log line before any handler runs:
-`gateway.edge_server`), the body (the policy's `max_body_bytes`, counted decoded and read no further
+`gateway.edge.server`), the body (the policy's `max_body_bytes`, counted decoded and read no further
 than that: `gateway.body`), messages (`gateway.stages.parse.MAX_MESSAGES`). Buffering toward a slow reader is
 bounded by back-pressure: a write waits for the socket to drain, so the gateway stops reading the
 upstream, whose own socket then fills.

@@ -11,14 +11,14 @@ import orjson
 import structlog
 from aiohttp import web
 
-from gateway.accounted import (
+from gateway.edge.accounted import (
     account_edge, account_refusal, edge_context, new_context, probe, refuse, self_accounted,
 )
 from gateway.backends.tier_health import backends_health
 from gateway.body import JSON, read_body
 from gateway.context import RequestContext
-from gateway.edge_keys import api_key, bearer
-from gateway.edge_server import ON_REFUSAL, OnRefusal
+from gateway.edge.keys import api_key, bearer
+from gateway.edge.server import ON_REFUSAL, OnRefusal
 from gateway.errors import (
     AuthenticationFailed, GatewayError, MethodNotAllowed, NotFound, Overloaded, UpstreamError, error_body,
 )
@@ -44,7 +44,7 @@ log = structlog.get_logger("gateway.http")
 def add_routes(app: web.Application) -> None:
     """The gateway's endpoints, and the middleware that logs the answer of those outside the request path."""
     app.middlewares.append(account_edge)
-    on_refusal: OnRefusal = partial(account_refusal, app)  # requests aiohttp's parser refuses (gateway.edge_server)
+    on_refusal: OnRefusal = partial(account_refusal, app)  # requests aiohttp's parser refuses (gateway.edge.server)
     app[ON_REFUSAL] = on_refusal
     app.router.add_post("/v1/chat/completions", self_accounted(chat_completions))
     app.router.add_post("/v1/completions", self_accounted(completions))
@@ -78,7 +78,7 @@ def _translated(wire: Wire) -> Callable[[web.Request], Awaitable[web.StreamRespo
 
 async def count_message_tokens(request: web.Request) -> web.Response:
     """POST /v1/messages/count_tokens (Anthropic): {"input_tokens": N}; errors in Anthropic's shape. Within the
-    tenant's rate limit (a request, no tokens: no backend runs); its log line costs 0 (`gateway.accounted`)."""
+    tenant's rate limit (a request, no tokens: no backend runs); its log line costs 0 (`gateway.edge.accounted`)."""
     gateway = request.app[GATEWAY]
     wire = WIRES["/v1/messages"]  # the same key header, body checks and error shape
     ctx = edge_context(request)

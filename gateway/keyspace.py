@@ -6,7 +6,7 @@ built from another scope. Families are one of:
 
     tenant     keys built from the tenant's scope (or, for limits, budgets, sessions, feedback and shadow
                pairs, from the tenant's name alone: those are never shared)
-    request    keys named by a request id (128 random bits, gateway.request_ids); what they hold names the
+    request    keys named by a request id (128 random bits, gateway.edge.request_ids); what they hold names the
                owner, and every reader checks it (feedback's ownership lookup)
     gateway    hold no tenant data (the replicas' heartbeats)
 

@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from gateway.edge_server import EdgeRunner
+from gateway.edge.server import EdgeRunner
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # Young collections every 20,000 net allocations instead of 700: a request's objects die by reference

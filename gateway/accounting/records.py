@@ -6,7 +6,7 @@ the reference tier (`to_tier`: `shadow_cost_usd` less `judge_cost_usd`) and, whe
 for the judge tier (`judge_cost_usd`), under the tenant whose request was compared.
 
 A request line of another endpoint than inference (dashboard polls, static files, admin, count_tokens, unknown
-paths, parser refusals: gateway.accounted's edge lines, cost 0) becomes an `edge` record: the report counts it
+paths, parser refusals: gateway.edge.accounted's edge lines, cost 0) becomes an `edge` record: the report counts it
 apart (`other`), never as a request (`inference_line`).
 
 Money is read from the line's own text. orjson parses the structure (and catches broken JSON);
@@ -33,7 +33,7 @@ HIT_STATES = frozenset({"hit", "semantic_hit"})
 # The request path's endpoints (gateway.http): a line of one of these paths, or with no `path` key at all (written
 # before issue 37 added it, when only these endpoints logged), is an inference request. Any other line (`path` of
 # the dashboard, admin, count_tokens, feedback, models, static files, an unknown path; null: a request aiohttp's
-# parser refused) is an edge line (gateway.accounted): cost 0, counted apart from the requests.
+# parser refused) is an edge line (gateway.edge.accounted): cost 0, counted apart from the requests.
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                              "/v1/embeddings"})
 _ZERO = Decimal(0)

@@ -14,7 +14,7 @@ the chart draws spend, and the summary's first line gives the total spend with i
 `requests`, `errors`, tokens and the per-request figures ($/req and latency percentiles) cover the inference
 endpoints only (/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/embeddings, and lines
 from before the `path` field). Lines of the other endpoints (dashboard polls, static files, admin,
-count_tokens, unknown paths, parser refusals: gateway.accounted, cost 0) are counted apart: the `other
+count_tokens, unknown paths, parser refusals: gateway.edge.accounted, cost 0) are counted apart: the `other
 endpoints` column (`other_endpoint_requests` in the CSV) and a summary line. docs/FINANCE.md says the same.
 
 Also runnable as `python -m gateway.accounting.report LOGS...`. Exit status: 0 done, 1 the CSV or

@@ -1,6 +1,6 @@
 """`RequestResult`: what the client saw and what the request cost, one record on the context (`ctx.result`).
 
-Owners: the edge (gateway.http, gateway.accounted) writes `status`, `outcome` and `error` as the client saw them;
+Owners: the edge (gateway.http, gateway.edge.accounted) writes `status`, `outcome` and `error` as the client saw them;
 the account stage (gateway.stages.account) writes `cost_usd` and `priced_from`. Anyone else goes through a method
 here, never by assigning a field (tests/unit/test_record_owners.py): an upstream failure or a served answer the
 client closed on (`failed`, `served`), a refusal's or an anomaly's code (`flag`), the pricing of an attempt the

@@ -49,7 +49,7 @@ class Accountant:
 
     def settle(self, ctx: RequestContext, observe: bool = True) -> None:
         """Price the request and write its line; `observe` False: the line only, not the serving metrics and
-        dashboard (an answer outside the request path: admin, dashboard, probes, count_tokens; gateway.accounted)."""
+        dashboard (an answer outside the request path: admin, dashboard, probes, count_tokens; gateway.edge.accounted)."""
         ctx.finished_at = now = time.perf_counter()
         self.count_tokens(ctx)
         cost, avoided, baseline = _prices(ctx, utc_day(ctx.ts))

@@ -18,7 +18,7 @@ from gateway.app import create_app
 from gateway.cache.guard import Keys, RedisGuard
 from gateway.experiments.feedback import RequestOwner, RequestOwners, submit_feedback
 from gateway.errors import NotFound
-from gateway.request_ids import next_request_id
+from gateway.edge.request_ids import next_request_id
 from gateway.testing import TEST_API_KEY, gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
 
@@ -33,7 +33,7 @@ def test_ids_are_128_random_bits() -> None:
         assert len({i[position] for i in ids}) == 16, position
     first = [int(i, 16) for i in ids[:100]]
     assert sorted(first) != first  # not increasing
-    child = subprocess.run([sys.executable, "-c", "from gateway.request_ids import next_request_id as n; print(n())"],
+    child = subprocess.run([sys.executable, "-c", "from gateway.edge.request_ids import next_request_id as n; print(n())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert ID.match(child) and child not in ids
 

@@ -1,6 +1,6 @@
 """Issue 37: `gateway costs` and `gateway whatif` on a log holding both inference lines and edge lines.
 
-Edge lines (gateway.accounted: dashboard polls, static files, admin, count_tokens, unknown paths, parser
+Edge lines (gateway.edge.accounted: dashboard polls, static files, admin, count_tokens, unknown paths, parser
 refusals with `path: null`) carry cost 0 and usually no tier; an open dashboard writes ~28,800 a day. They are
 counted apart (`other_endpoint_requests`), never as requests nor in the per-request figures; a line with no
 `path` key (written before the field existed) is an inference request.

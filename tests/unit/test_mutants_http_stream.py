@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 import gateway.http as http
-from gateway.accounted import new_context
+from gateway.edge.accounted import new_context
 from gateway.testing import gateway_config, tier
 from gateway.types import StreamReply
 

@@ -26,7 +26,7 @@ RECORDS: dict[str, tuple[type, str, dict[str, str]]] = {
         "difficulty": "gateway.stages.classify", "quality": "gateway.stages.classify",
         "predicted_ttft_s": "gateway.stages.admission"}),
     "upstream": (UpstreamRecord, "gateway.upstream", {"stop_sequence": "gateway.protocols.base"}),
-    "result": (RequestResult, "gateway.http gateway.accounted", {  # the edge: its two modules
+    "result": (RequestResult, "gateway.http gateway.edge.accounted", {  # the edge: its two modules
         "cost_usd": "gateway.stages.account", "priced_from": "gateway.stages.account"}),
 }
 

@@ -6,7 +6,7 @@ are registered here as `self_accounted`. Every other endpoint (count_tokens, fee
 models, probes, unknown paths, static files) runs inside `account_edge`, a middleware that gives the handler a
 context (`edge_context`), settles it after the answer, and turns an unexpected exception into an OpenAI-shaped
 500 (logged once). Handlers refuse with `refuse`, which puts the error's code in the line. Requests aiohttp's
-parser refuses before any handler runs get their line from `account_refusal` (`gateway.edge_server`).
+parser refuses before any handler runs get their line from `account_refusal` (`gateway.edge.server`).
 
 These lines have the request path's shape (cost 0: no backend ran; `path` says which endpoint) but feed
 neither the serving metrics nor the dashboard: its own polls would count as traffic. One exception: a
@@ -24,9 +24,9 @@ import structlog
 from aiohttp import web
 
 from gateway.context import RequestContext
-from gateway.edge_keys import decodable
+from gateway.edge.keys import decodable
 from gateway.errors import GatewayError, error_body
-from gateway.request_ids import next_request_id
+from gateway.edge.request_ids import next_request_id
 from gateway.state import GATEWAY, Gateway
 from gateway.types import CLIENT_CLOSED_STATUS, ClientWire, Endpoint
 
