@@ -37,7 +37,9 @@ def key_of(tenant: str, phase: str = "") -> str:
 
 
 def config(backend: str) -> GatewayConfig:
-    base = gateway_config([tier("t", [f"{backend}/v1"])], redis_op_timeout_ms=250)
+    # a budget no event-loop stall of a shared CI machine reaches (a dead node refuses at once: the budget
+    # does not slow the failure path); a timeout would read as a lost cache hit on a healthy master
+    base = gateway_config([tier("t", [f"{backend}/v1"])], redis_op_timeout_ms=1000)
     policy = base.policy.model_dump()
     tenants = []
     for name in TENANTS:  # `name` for the exact limit, `name`x for the traffic
@@ -111,6 +113,13 @@ def response_keys(cluster: EmbeddedCluster) -> dict[bytes, int]:
             for key in client.scan_iter("resp:*"):
                 found[key] = port
     return found
+
+
+def error_kinds(apps: list[Any]) -> list[dict[str, float]]:
+    """Each gateway's Redis errors by kind (gateway_redis_error_kinds_total), for a failure's message."""
+    return [{sample.labels["kind"]: sample.value for metric in app[GATEWAY].redis.registry.collect()
+             if metric.name == "gateway_redis_error_kinds" for sample in metric.samples
+             if sample.name.endswith("_total")} for app in apps]
 
 
 async def through_failover(cluster: EmbeddedCluster, victim: EmbeddedRedis, traffic: Traffic, apps: list[Any],
@@ -188,7 +197,9 @@ async def test_two_gateways_through_a_master_failure_and_the_seeds(
             assert sum(run["local"][t + "x"] for t in run["healthy"]) == 0, run
             assert run["on_victim"] and sum(run["local"][t + "x"] for t in run["on_victim"]) > 0, run
             # answers stored on the healthy masters: replayed throughout
-            assert run["cached_healthy"] and all(run["misses"][t] == 0 for t in run["cached_healthy"]), run
+            healthy_misses = {t: run["misses"][t] for t in run["cached_healthy"]}
+            assert run["cached_healthy"] and not any(healthy_misses.values()), \
+                f"misses on healthy masters {healthy_misses}; guards' error kinds {error_kinds(apps)}"
             # /readyz named the failing master and its slots
             assert (( f"127.0.0.1:{run['port']}",), 5461) in run["named"] or \
                    ((f"127.0.0.1:{run['port']}",), 5462) in run["named"], run
