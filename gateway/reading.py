@@ -59,8 +59,8 @@ class Part(NamedTuple):
 class Reading:
     """What a request asks (the module docstring); built by `read`, limited by the policy stage (`limit`)."""
 
-    __slots__ = ("endpoint", "parts", "prompts", "n", "best_of", "params", "stop", "ceiling", "input_chars",
-                 "input_tokens", "media_parts", "semantic_text", "_context_key", "_key")
+    __slots__ = ("endpoint", "parts", "prompts", "n", "best_of", "outputs", "generated", "params", "stop", "ceiling",
+                 "input_chars", "input_tokens", "media_parts", "semantic_text", "_context_key", "_key")
 
     def __init__(self, endpoint: Endpoint, parts: tuple[Part, ...], prompts: int, n: int, best_of: int,
                  params: dict[str, Any], semantic_text: str | None) -> None:
@@ -69,6 +69,8 @@ class Reading:
         self.prompts = prompts
         self.n = n
         self.best_of = best_of
+        self.outputs = prompts * n  # answers the client gets back
+        self.generated = prompts * max(n, best_of)  # answers the backend writes
         self.params = params  # answer-changing fields other than inputs, stop and the ceiling
         self.stop: tuple[str, ...] = _stops(params.pop("stop", None))
         self.ceiling: int | None = None  # per answer: set by `limit`
@@ -87,16 +89,6 @@ class Reading:
         self.media_parts = media_parts
         self._context_key: str | None = None
         self._key: str | None = None
-
-    @property
-    def outputs(self) -> int:
-        """Answers the client gets back: prompts x n."""
-        return self.prompts * self.n
-
-    @property
-    def generated(self) -> int:
-        """Answers the backend writes: prompts x max(n, best_of)."""
-        return self.prompts * max(self.n, self.best_of)
 
     def output_tokens_max(self) -> int:
         """The most output tokens the backend may write for this request (0 while the ceiling is unknown, and

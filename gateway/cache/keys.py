@@ -4,6 +4,7 @@ caching at all, each decided from the request's reading (gateway.reading), never
 from __future__ import annotations
 
 import hashlib
+from typing import Any, Literal
 
 import orjson
 
@@ -11,6 +12,7 @@ from gateway.config.policies import CacheRule
 from gateway.reading import UNREPLAYABLE, Reading
 
 SHARED_SCOPE = "*shared*"
+CacheClass = Literal["never", "deterministic", "always"]
 
 
 def uncached_reasons(reading: Reading, rule: CacheRule) -> list[str]:
@@ -28,8 +30,8 @@ def uncached_reasons(reading: Reading, rule: CacheRule) -> list[str]:
     if reading.generated != 1:
         reasons.append(f"it asks for {reading.generated} answers (prompts x n, best_of): only single answers "
                        "(n = 1, one prompt) are cached")
-    temperature, seed = reading.params.get("temperature"), reading.params.get("seed")
-    if rule.mode != "always" and temperature != 0 and not (isinstance(seed, int) and not isinstance(seed, bool)):
+    if rule.mode != "always" and not deterministic(reading.params):
+        temperature = reading.params.get("temperature")
         shown = "not set" if temperature is None else f"{temperature!r}"
         reasons.append(f"not deterministic: temperature is {shown} (not 0) and there is no integer seed "
                        "(cache.mode: deterministic caches only those)")
@@ -37,7 +39,24 @@ def uncached_reasons(reading: Reading, rule: CacheRule) -> list[str]:
 
 
 def cacheable(reading: Reading, rule: CacheRule) -> bool:
-    return not uncached_reasons(reading, rule)
+    """`not uncached_reasons(reading, rule)`, without writing the reasons (the cache stage asks per request)."""
+    verdict = cache_class(reading)
+    return rule.enabled and verdict != "never" and (rule.mode == "always" or verdict == "deterministic")
+
+
+def deterministic(params: dict[str, Any]) -> bool:
+    """Temperature 0 or an integer seed: what cache mode 'deterministic' caches."""
+    seed = params.get("seed")
+    return params.get("temperature") == 0 or (isinstance(seed, int) and not isinstance(seed, bool))
+
+
+def cache_class(reading: Reading) -> CacheClass:
+    """Which cache modes would store this reading's answer, for a tenant with caching on, in one pass (the log
+    line's verdict; `uncached_reasons` says why): 'never' (in no mode), 'deterministic' (in either mode),
+    'always' (only in mode 'always')."""
+    if reading.endpoint == "embeddings" or not reading.replayable():
+        return "never"
+    return "deterministic" if deterministic(reading.params) else "always"
 
 
 def scope_of(tenant: str, rule: CacheRule) -> str:

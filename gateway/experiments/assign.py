@@ -30,7 +30,8 @@ from typing import Any
 
 from gateway.config.tenants import Assignment, ExperimentPlan, TenantPolicy, apply_arm, compile_plan, salt_of
 
-__all__ = ["Assignment", "ExperimentPlan", "apply_arm", "assign", "compile_plan", "position", "salt_of", "sticky_key"]
+__all__ = ["Assignment", "ExperimentPlan", "apply_arm", "assign", "compile_plan", "position", "salt_of", "sticky_key",
+           "conversation_key", "conversation_texts", "user_key"]
 
 KEY_CHARS = 1024  # of the system prompt and of the first user message: the conversation's identity
 _SCALE = 1.0 / 2**64
@@ -70,12 +71,23 @@ def sticky_key(body: Mapping[str, Any], tenant: str = "", by_user: bool = False)
     and the request has one); None without either."""
     user = body.get("user") if by_user else None
     if type(user) is str and user:
-        data = b"u" + f"{tenant}\x00{user[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
-    else:
-        system, first = conversation_texts(body)
-        if not system and not first:
-            return None
-        data = b"c" + f"{tenant}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}".encode("utf-8", "surrogatepass")
+        return user_key(tenant, user)
+    return conversation_key(tenant, *conversation_texts(body))
+
+
+def user_key(tenant: str, user: str) -> int:
+    """`sticky_key` by a `user` field."""
+    return _hash64(b"u" + f"{tenant}\x00{user[:KEY_CHARS]}".encode("utf-8", "surrogatepass"))
+
+
+def conversation_key(tenant: str, system: str, first: str) -> int | None:
+    """`sticky_key` by a conversation's start (`conversation_texts`); None when it has neither text."""
+    if not system and not first:
+        return None
+    return _hash64(b"c" + f"{tenant}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}".encode("utf-8", "surrogatepass"))
+
+
+def _hash64(data: bytes) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
 
 

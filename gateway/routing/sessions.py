@@ -57,9 +57,12 @@ def session_id(tenant: str, header: str | None, body: Mapping[str, Any]) -> str 
     the conversation so far: `ConversationKeys`.)"""
     if header:
         return header_key(tenant, header)
-    system, first = conversation_texts(body)
     user = body.get("user")
-    user = user if type(user) is str else ""
+    return conversation_id(tenant, user if type(user) is str else "", *conversation_texts(body))
+
+
+def conversation_id(tenant: str, user: str, system: str, first: str) -> str | None:
+    """`session_id` without a header, from the `user` field and `conversation_texts`."""
     if not (system or first):
         return None
     text = f"{user[:KEY_CHARS]}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}"
@@ -111,9 +114,8 @@ def update_digest(digest: Any, part: Part) -> None:
     """Feed one part of a conversation into a session digest (turn, role, kind, value): the same bytes wherever
     a conversation is digested (the session step, and `gateway whatif` linking logged turns)."""
     value = part.value if isinstance(part.value, str) else orjson.dumps(part.value).decode()
-    digest.update(f"{part.turn}\x1f{part.role}\x1f{part.kind}\x1f".encode())
-    digest.update(value.encode("utf-8", "surrogatepass"))
-    digest.update(b"\x1e")
+    # one update: the header's characters (a number, a role, a kind) encode alike with or without surrogatepass
+    digest.update(f"{part.turn}\x1f{part.role}\x1f{part.kind}\x1f{value}\x1e".encode("utf-8", "surrogatepass"))
 
 
 def redis_key(session: str) -> str:

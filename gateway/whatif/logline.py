@@ -30,16 +30,15 @@ from __future__ import annotations
 from hashlib import blake2b
 from typing import Any
 
-from gateway.cache.keys import uncached_reasons
-from gateway.config.policies import CacheRule
+from gateway.cache.keys import cache_class
 from gateway.context import RequestContext
-from gateway.experiments.assign import sticky_key
-from gateway.routing.sessions import MESSAGE_ROLES, header_key, session_id
+from gateway.experiments.assign import conversation_key, conversation_texts, user_key
+from gateway.reading import Reading
+from gateway.routing.sessions import MESSAGE_ROLES, conversation_id, header_key
 from gateway.routing.sessions import update_digest as _digest_part  # the session step's own digest of a message part
 
 REPLAY_VERSION = 2  # 2: turn_keys
-_ALWAYS = CacheRule(mode="always")
-_DETERMINISTIC = CacheRule()
+NO_CONVERSATION: dict[str, Any] = {"conversation": None, "sticky": None, "turn_keys": None}
 
 
 def replay_fields(ctx: RequestContext) -> dict[str, Any]:
@@ -47,17 +46,29 @@ def replay_fields(ctx: RequestContext) -> dict[str, Any]:
     reading = ctx.reading
     quality = ctx.route.quality
     chat = ctx.endpoint != "embeddings" and bool(ctx.body)
-    tenant = ctx.tenant_name
     return {
         "replay": REPLAY_VERSION,
         "arrival_s": round(ctx.ts, 6),
         "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
-        "conversation": ctx.route.session or (session_id(tenant, ctx.session_header, ctx.body) if chat else None),
-        "sticky": {"conversation": sticky_key(ctx.body, tenant), "user": _user_key(ctx.body, tenant)}
-        if chat else None,
-        "turn_keys": _turn_keys(tenant, ctx) if chat else None,
+        **(_conversation_fields(ctx) if chat else NO_CONVERSATION),
         "reading": None if reading is None else _reading(reading),
         "decode_tps": _decode_tps(ctx),
+    }
+
+
+def _conversation_fields(ctx: RequestContext) -> dict[str, Any]:
+    """`conversation`, `sticky` and `turn_keys` of a chat or completion, its opening texts read once."""
+    tenant, body = ctx.tenant_name, ctx.body
+    system, first = conversation_texts(body)
+    user = body.get("user")
+    user = user if type(user) is str else ""
+    conversation = ctx.route.session or (header_key(tenant, ctx.session_header) if ctx.session_header
+                                         else conversation_id(tenant, user, system, first))
+    return {
+        "conversation": conversation,
+        "sticky": {"conversation": conversation_key(tenant, system, first),
+                   "user": user_key(tenant, user) if user else None},
+        "turn_keys": _turn_keys(tenant, ctx),
     }
 
 
@@ -70,30 +81,23 @@ def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None
     reading = ctx.reading
     if reading is None:
         return None
-    parts = [part for part in reading.parts if part.role in MESSAGE_ROLES]
-    last_reply = max((part.turn for part in parts if part.role == "assistant"), default=-1)
+    parts = reading.parts
+    last_reply = next((part.turn for part in reversed(parts) if part.role == "assistant"), -1)  # turns only grow
     digest = blake2b(tenant.encode() + b"\x00v", digest_size=16)
     parent = None
     for part in parts:
-        if parent is None and part.turn == last_reply:
-            parent = digest.hexdigest()
-        _digest_part(digest, part)
+        if part.role in MESSAGE_ROLES:
+            if parent is None and part.turn == last_reply:
+                parent = digest.hexdigest()
+            _digest_part(digest, part)
     return {"parent": parent, "current": digest.hexdigest()}
 
 
-def _reading(reading: Any) -> dict[str, Any]:
-    if uncached_reasons(reading, _ALWAYS):
-        cacheable, digest = "never", None
-    else:
-        cacheable = "always" if uncached_reasons(reading, _DETERMINISTIC) else "deterministic"
-        digest = reading.key()[:16]
+def _reading(reading: Reading) -> dict[str, Any]:
+    cacheable = cache_class(reading)
     return {"input_tokens": reading.input_tokens, "input_chars": reading.input_chars, "outputs": reading.outputs,
-            "generated": reading.generated, "cacheable": cacheable, "digest": digest}
-
-
-def _user_key(body: dict[str, Any], tenant: str) -> int | None:
-    user = body.get("user")
-    return sticky_key(body, tenant, by_user=True) if type(user) is str and user else None
+            "generated": reading.generated, "cacheable": cacheable,
+            "digest": None if cacheable == "never" else reading.key()[:16]}
 
 
 def _decode_tps(ctx: RequestContext) -> float | None:

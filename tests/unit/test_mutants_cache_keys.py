@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cache.keys import SHARED_SCOPE, cacheable, response_key, scope_of, semantic_namespace, uncached_reasons
+from gateway.cache.keys import SHARED_SCOPE, cache_class, cacheable, response_key, scope_of, semantic_namespace, uncached_reasons
 from gateway.config.policies import CacheRule
 from gateway.reading import Reading, read
 from gateway.types import Endpoint
@@ -86,3 +86,21 @@ def test_the_semantic_namespace_separates_scope_tier_and_parameters() -> None:
     assert base != semantic_namespace("acme", "small", chat(temperature=0, max_tokens=5, seed=1))
     paraphrase = reading("chat", {"messages": [{"role": "user", "content": "hello there"}], "temperature": 0})
     assert base == semantic_namespace("acme", "small", paraphrase)  # only the last user text differs
+
+
+@pytest.mark.parametrize("made", [
+    chat(), chat(temperature=0), chat(temperature=0.0), chat(temperature=0.7), chat(seed=7), chat(seed=True),
+    chat(seed=7, temperature=1.2), chat(n=2), chat(logprobs=True), chat(top_logprobs=3, temperature=0),
+    chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}], temperature=0),
+    reading("completions", {"prompt": ["a", "b"], "temperature": 0}), reading("completions", {"prompt": "a", "echo": True}),
+    reading("completions", {"prompt": "a", "best_of": 3, "seed": 1}), reading("embeddings", {"input": "a"}),
+], ids=lambda r: f"{r.endpoint}:{sorted(r.params)}:{r.generated}")
+def test_the_log_lines_cache_class_is_what_the_reasons_say(made: Reading) -> None:
+    """`cache_class` (the log line's one-pass verdict, read by `gateway whatif`) agrees with `uncached_reasons`
+    under both modes: never (cached in neither), deterministic (in both), always (only in mode always)."""
+    in_always, in_deterministic = not uncached_reasons(made, ALWAYS), not uncached_reasons(made, DETERMINISTIC)
+    expected = "deterministic" if in_deterministic else "always" if in_always else "never"
+    assert cache_class(made) == expected
+    # `cacheable` (the cache stage's question, per request) is the reasons' verdict, in every mode
+    for rule in (ALWAYS, DETERMINISTIC, CacheRule(enabled=False, mode="always"), CacheRule(enabled=False)):
+        assert cacheable(made, rule) is not bool(uncached_reasons(made, rule)), rule
