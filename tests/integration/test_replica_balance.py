@@ -14,8 +14,8 @@ from gateway.testing import gateway_config, tier
 from tests.conftest import StartGateway
 from tests.integration.replica_balance import BalanceRun, mixed_load
 
-# one sequence at a time, 20 ms a token: a 16-token answer holds a replica ~0.35 s
-SINGLE_SLOT = dataclasses.replace(get_profile("int4"), name="single-slot", max_running=1, tpot_1_s=0.02)
+# one sequence at a time, 10 ms a token: a 16-token answer holds a replica ~0.17 s
+SINGLE_SLOT = dataclasses.replace(get_profile("int4"), name="single-slot", max_running=1, tpot_1_s=0.01)
 BALANCING = {"near_tie": 0.1, "explore_after_s": 5.0, "scrape_interval_s": 0.0}  # the production defaults,
 # without /metrics (llama.cpp has none)
 

@@ -13,6 +13,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
+from gateway.cache.connection import connect
 from gateway.cache.guard import RedisGuard
 from gateway.errors import GatewayError, InvalidRequest, NotFound, Overloaded, RateLimited, error_body
 from gateway.experiments.feedback import (
@@ -21,6 +22,8 @@ from gateway.experiments.feedback import (
 )
 
 ALICE = RequestOwner("alice", "bands-v2", "treatment", "large-fp16")
+
+DEAD_REDIS = "redis://127.0.0.1:1"  # nothing listens: the gateway's own client, refused at once (no retry backoff)
 
 
 @pytest.fixture
@@ -103,7 +106,7 @@ async def test_without_redis_owners_live_in_process_with_a_ttl_and_a_bound() -> 
 
 
 async def test_when_redis_is_down_an_id_this_replica_does_not_know_gets_503() -> None:
-    guard = RedisGuard(Redis(port=1), op_timeout_s=0.05)
+    guard = RedisGuard(connect(DEAD_REDIS), op_timeout_s=0.05)
     owners = RequestOwners(guard)
     owners.record("mine", ALICE)
     await owners.flush()
@@ -185,7 +188,7 @@ async def test_feedback_is_limited_per_tenant_across_replicas(guard: RedisGuard)
 
 
 async def test_without_redis_each_replica_takes_its_share_of_the_feedback_limit() -> None:
-    down = RedisGuard(Redis(port=1), op_timeout_s=0.05)
+    down = RedisGuard(connect(DEAD_REDIS), op_timeout_s=0.05)
     limiter = FeedbackLimiter(down, replicas=lambda: 2)
     for _ in range(5):
         await limiter.admit("alice", 10)

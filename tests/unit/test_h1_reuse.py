@@ -59,8 +59,10 @@ def closing_server() -> Iterator[ClosingServer]:
     server = ClosingServer()
     server.thread.start()
     yield server
+    server.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept (a close alone does not, on Linux)
     server.listener.close()
     server.thread.join(5)
+    assert not server.thread.is_alive()
 
 
 async def test_a_pooled_connection_closed_by_the_replica_is_not_sent_a_request(
