@@ -7,9 +7,13 @@ fed each request's TTFT from its admission), at most the tier's batch slots (`sl
 a FIFO queue of at most `max_queue` whose requests wait at most `max_wait_ms` (503 queue_full, queue_timeout).
 A request admitted goes to the replica with the fewest requests in it. Its output length is the logged one
 (cut to the scenario's max_tokens); prompt tokens the backend had cached are not prefilled again.
-TTFT = queue wait + the engine's first token + an overhead drawn from the tier's residuals (else its fitted
-overhead); for a request not streamed, its
-last token instead (the gateway's `ttft_ms` is the first byte to the client, and a whole answer arrives at once).
+TTFT = queue wait + the engine's time from admission to the first token, through the tier's map to the logged
+TTFT (`physics.QuantileMap`: quantile to quantile, fitted on the log's window; else + its fitted overhead); for a
+request not streamed, its last token instead, through the tier's map of whole answers (the gateway's `ttft_ms` is
+the first byte to the client, and a whole answer arrives at once). The gateway's slot is held from admission to
+the answer's end, through the tier's busy map (the logged time at the engine's time's rank; never shorter than
+the engine's): on a CPU the replicas share, an answer takes longer than one replica's engine says, and the queue
+behind it waits.
 
 The gate's limit is fed each request's first token (for a whole answer too, as the gateway's estimate of it is).
 Not modelled, said in the report: prefix affinity and the predicted-TTFT ranking (fewest requests stands for
@@ -19,7 +23,6 @@ them), brownout and the priority classes (one FIFO), the TTFT SLO's shorter dead
 from __future__ import annotations
 
 import heapq
-import random
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +33,9 @@ from gateway.config.routes import Admission
 from gateway.emulator.engine import Engine
 from gateway.emulator.sequence import Sequence, SeqState
 from gateway.whatif.physics import Fitted
+
+
+RELEASE = -1  # an event's replica index when it frees a gateway slot, not a replica's step
 
 
 @dataclass(slots=True)
@@ -45,7 +51,9 @@ class Arrival:
     ttft_ms: float | None = None  # the simulated result
     shed: str | None = None
     admitted_at: float = 0.0  # -1 once the admission gate had its sample
-    overhead_s: float = 0.0  # drawn at admission (`physics.Fitted.residuals`)
+    overhead_s: float = 0.0  # what the map added to the first token (`physics.Fitted.stream_map`)
+    sim_s: float | None = None  # the engine's time from admission to the TTFT's token, before the map
+    done_s: float | None = None  # the engine's time from admission to the last token, before the busy map
     tpot_ms: float | None = None  # the simulated decode time per output token after the first
     waited_s: float = 0.0  # in the admission queue
     deadline: float = 0.0
@@ -62,8 +70,7 @@ class _Replica:
 class _Tier:
     settings: Admission
     replicas: list[_Replica]
-    overhead_s: float
-    residuals: tuple[float, ...]
+    fitted: Fitted
     capacity: int | None
     limit: GradientLimit
     in_flight: int = 0
@@ -80,7 +87,7 @@ class Fleet:
 
     def __init__(self, routes: RoutesConfig, physics: Mapping[str, Fitted]) -> None:
         self._tiers: dict[str, _Tier] = {}
-        self._events: list[tuple[float, int, int, str]] = []  # (time, order, replica index, tier)
+        self._events: list[tuple[float, int, int, str]] = []  # (time, order, replica index or RELEASE, tier)
         self._order = 0
         self._next_seq = 0
         for tier in routes.tiers:
@@ -90,10 +97,8 @@ class Fleet:
             engines = [_Replica(Engine(fitted.profile, seed=i)) for i, _ in enumerate(tier.replicas)]
             capacity = None if tier.slots_per_replica is None else tier.slots_per_replica * len(tier.replicas)
             admission = routes.admission
-            self._tiers[tier.name] = _Tier(admission, engines, fitted.overhead_s, fitted.residuals, capacity,
-                                           GradientLimit(admission.initial_limit))
+            self._tiers[tier.name] = _Tier(admission, engines, fitted, capacity, GradientLimit(admission.initial_limit))
         self.admission_on = routes.admission.enabled
-        self._rng = random.Random(40)
 
     def run(self, arrivals: Iterable[Arrival]) -> None:
         """Replay `arrivals` (in time order) to the end of the last answer; each gets its TTFT or its shed."""
@@ -118,7 +123,6 @@ class Fleet:
     def _start(self, tier: _Tier, request: Arrival, now: float) -> None:
         tier.in_flight += 1
         request.admitted_at, request.waited_s = now, now - request.at
-        request.overhead_s = self._rng.choice(tier.residuals) if tier.residuals else tier.overhead_s
         index, replica = min(enumerate(tier.replicas), key=lambda r: len(r[1].active))
         engine = replica.engine
         if not replica.busy:
@@ -143,22 +147,41 @@ class Fleet:
         while events and events[0][0] <= until:
             at, _, index, name = heapq.heappop(events)
             tier = self._tiers[name]
+            if index == RELEASE:  # a slot held past the engine's last token
+                tier.in_flight -= 1
+                self._admit_waiters(tier, at)
+                continue
             replica = tier.replicas[index]
             engine = replica.engine
             engine.clock = at
             engine.emit()
             still: list[tuple[Sequence, Arrival]] = []
             freed = 0
+            fitted = tier.fitted
             for seq, request in replica.active:
                 finished = seq.state is SeqState.FINISHED
                 if request.admitted_at >= 0 and seq.first_token_at is not None:  # the gate's sample: first token
-                    tier.limit.on_sample(max(0.0, at - request.admitted_at + request.overhead_s), tier.in_flight,
-                                         tier.settings)
+                    raw = at - request.admitted_at
+                    first = fitted.stream_map(raw) if fitted.stream_map is not None else raw + fitted.overhead_s
+                    request.overhead_s = first - raw
+                    tier.limit.on_sample(max(0.0, first), tier.in_flight, tier.settings)
                     request.admitted_at = -1.0
-                if request.ttft_ms is None and seq.first_token_at is not None and (request.stream or finished):
-                    request.ttft_ms = max(0.0, at - request.at + request.overhead_s) * 1000
+                    if request.stream:
+                        request.sim_s = raw
+                        request.ttft_ms = max(0.0, request.waited_s + first) * 1000
+                if request.ttft_ms is None and finished and seq.first_token_at is not None:  # a whole answer
+                    raw = at - request.at - request.waited_s
+                    whole = fitted.whole_map(raw) if fitted.whole_map is not None else raw + fitted.overhead_s
+                    request.sim_s = raw
+                    request.ttft_ms = max(0.0, request.waited_s + whole) * 1000
                 if finished:
-                    freed += 1
+                    request.done_s = done = at - request.at - request.waited_s
+                    held = request.at + request.waited_s + fitted.busy_map(done) if fitted.busy_map else at
+                    if held > at:
+                        self._order += 1
+                        heapq.heappush(events, (held, self._order, RELEASE, name))
+                    else:
+                        freed += 1
                     if request.output > 1 and seq.first_token_at is not None:
                         request.tpot_ms = (at - seq.first_token_at) / (request.output - 1) * 1000
                 else:

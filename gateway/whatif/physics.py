@@ -15,17 +15,23 @@ last token's):
 
 A tier the log never served keeps its profile and 0 overhead, and is said to be unfitted.
 
-`overhead` is then replaced by a distribution (`residuals`, `simulate.fit_residuals`): each streamed request's
-measured TTFT less the TTFT the simulated fleet gives it when the window is replayed as the log routed it, with no
-overhead. What the physics leaves out (the gateway, the network, a loaded machine's scheduling) is drawn from
-there, one value per request, in its spread and not only its floor; a tier the log never served draws from all
-tiers' residuals.
+`overhead` is then replaced by maps (`QuantileMap`, fitted by `simulate.fit_fleet`): the window is replayed as
+the log routed it, and each request's simulated TTFT from its admission (first token when streamed, last token for
+a whole answer) is mapped to the logged one, quantile to quantile (F_logged^-1(F_sim(x)), per tier and per kind:
+streamed or whole). What the physics leaves out (the gateway, the network, a loaded machine's scheduling) is the
+map's difference from the identity, taken at the request's own rank: a request the simulation finds slow gets the
+logged slow requests' time, not an independent draw (which, added to a simulated TTFT, widens its distribution and
+moves its median when both are wide and skewed, as llama.cpp's on a shared CPU are). A third map, `busy`, times how
+long the gateway's slot is held (the engine's last token onto the logged e2e). A tier the log never served uses
+all tiers' maps, pooled.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +44,7 @@ LOW = 5  # percentile of the least loaded requests
 MIN_SAMPLES = 5
 PREFILL_MIN = 20  # measurements before the prefill speed is fitted (else the routes' or the profile's)
 PREFILL_PAIRS = 300  # measurements the prefill fit draws its pairs from
+MAP_KNOTS = 257  # quantiles a QuantileMap keeps at most
 
 
 @dataclass(slots=True)
@@ -58,22 +65,62 @@ class Samples:
 
 
 @dataclass(frozen=True, slots=True)
+class QuantileMap:
+    """A monotone map of a simulated time to the logged one (a TTFT, or the time a request held its slot), both in
+    seconds from admission: the simulated time's quantile in the fitted window (`sim`) to the logged time at that
+    quantile (`logged`), linear between knots; beyond them, the end knot's difference (logged - simulated) is added
+    (never below 0)."""
+
+    sim: tuple[float, ...]
+    logged: tuple[float, ...]
+    samples: int
+
+    @classmethod
+    def fit(cls, sim: Sequence[float], logged: Sequence[float]) -> QuantileMap | None:
+        """The quantile map of `sim` onto `logged` (both from the same requests); None below MIN_SAMPLES."""
+        if min(len(sim), len(logged)) < MIN_SAMPLES:
+            return None
+        levels = np.linspace(0.0, 1.0, min(MAP_KNOTS, max(len(sim), len(logged))))
+        xs, ys = np.quantile(np.asarray(sim), levels), np.quantile(np.asarray(logged), levels)
+        knots, group = np.unique(xs, return_inverse=True)  # a simulated TTFT many requests share: their mean
+        mean = np.bincount(group, weights=ys) / np.bincount(group)
+        return cls(tuple(float(x) for x in knots), tuple(float(y) for y in mean), len(sim))
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.sim, self.logged
+        if x <= xs[0]:
+            return max(0.0, x + ys[0] - xs[0])
+        if x >= xs[-1]:
+            return max(0.0, x + ys[-1] - xs[-1])
+        i = bisect.bisect_right(xs, x)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+    def describe(self) -> dict[str, object]:
+        """The knots' added time (logged - simulated, ms) at a few quantiles, and the samples."""
+        added = np.array(self.logged) - np.array(self.sim)
+        return {"samples": self.samples, "added_ms": {
+            f"p{q}": round(float(added[round(q / 100 * (len(added) - 1))]) * 1000, 3) for q in (5, 50, 90, 99)}}
+
+
+@dataclass(frozen=True, slots=True)
 class Fitted:
     profile: Profile
     overhead_s: float
     samples: int  # measurements the fit used (0: the profile as it is)
     base: str  # the profile it started from
-    residuals: tuple[float, ...] = ()  # seconds: what a request adds to the physics, drawn per request (else overhead)
+    stream_map: QuantileMap | None = None  # a streamed request's first token (else + overhead_s); the gate's too
+    whole_map: QuantileMap | None = None  # a whole answer's last token (else + overhead_s)
+    busy_map: QuantileMap | None = None  # how long the gateway's slot is held: admission to the answer's end
 
     def describe(self) -> dict[str, object]:
         p = self.profile
         return {"base_profile": self.base, "samples": self.samples, "tpot_1_ms": round(p.tpot_1_s * 1000, 3),
                 "prefill_tps": round(p.prefill_tps, 1), "batch_slope": p.batch_slope,
                 "overhead_ms": round(self.overhead_s * 1000, 3), "max_running": p.max_running,
-                **({} if not self.residuals else {
-                    "residual_ms": {f"p{q}": round(float(np.percentile(self.residuals, q)) * 1000, 3)
-                                    for q in (5, 50, 90, 99)},
-                    "residuals": len(self.residuals)})}
+                **{f"{kind}_map": m.describe() for kind, m in (("stream", self.stream_map),
+                                                                ("whole", self.whole_map), ("busy", self.busy_map))
+                   if m is not None}}
 
 
 CPU_BATCH_SLOPE = 1.0  # llama.cpp on CPU threads: k sequences decoded together take about k times one's step

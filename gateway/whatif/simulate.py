@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from gateway.config import GatewayConfig
 from gateway.whatif.decide import HITS
 from gateway.whatif.fleet import Arrival, Fleet
-from gateway.whatif.physics import MIN_SAMPLES, Fitted, Samples, fit
+from gateway.whatif.physics import MIN_SAMPLES, Fitted, Samples, QuantileMap, fit
 from gateway.whatif.records import SHED, Logged
 from gateway.whatif.replay import RECORDED, Window
 from gateway.whatif.summary import Tally
@@ -24,73 +24,91 @@ from gateway.whatif.summary import Tally
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetFit:
     """What the log's own window says beyond each tier's profile (`fit_fleet`): per tier, the decode step time at
-    batch 1 (`tpot_1`, seconds) and the residuals; under POOLED, all tiers' residuals together."""
+    batch 1 (`tpot_1`, seconds) and the maps (`physics.QuantileMap`), keyed (tier, kind): KINDS; under POOLED, all
+    tiers'."""
 
     tpot_1: Mapping[str, float]
-    residuals: Mapping[str, tuple[float, ...]]
+    maps: Mapping[tuple[str, str], QuantileMap]
 
 
-POOLED = ""  # FleetFit.residuals' key of all tiers' residuals together
+POOLED = ""  # FleetFit.maps' tier of all tiers together
 NO_FIT = FleetFit({}, {})
+KINDS = ("stream", "whole", "busy")  # a streamed first token, a whole answer's last, the slot held to the end
+MAP_PASSES = 2  # fleet runs with the maps in place, each refitting them against its own simulated TTFTs
 
 
 def fitted_physics(config: GatewayConfig, samples: Mapping[str, Samples],
                    fleet: FleetFit = NO_FIT) -> dict[str, Fitted]:
     """Each chat tier of `config`'s routes with its physics fitted from the samples of its name, then `fleet`'s decode
-    speed and residuals (a tier without residuals: all tiers' pooled)."""
+    speed and TTFT maps (a tier without its own map of a kind: all tiers' pooled)."""
     fitted = {tier.name: fit(tier, samples.get(tier.name)) for tier in config.routes.tiers if tier.endpoint == "chat"}
-    pooled = fleet.residuals.get(POOLED, ())
+    maps = fleet.maps
     out = {}
     for name, f in fitted.items():
         tpot_1 = fleet.tpot_1.get(name)
         profile = f.profile if tpot_1 is None else dataclasses.replace(f.profile, tpot_1_s=tpot_1)
-        out[name] = dataclasses.replace(f, profile=profile, residuals=fleet.residuals.get(name) or pooled)
+        out[name] = _mapped(dataclasses.replace(f, profile=profile), name, maps)
     return out
 
 
-def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Samples]) -> FleetFit:
-    """The window replayed as the log routed it (every request that reached a replica, whole answers too, so the
-    load is the log's) through the fleet of `config` (the routes that produced the log), with no overhead:
+def _mapped(fitted: Fitted, name: str, maps: Mapping[tuple[str, str], QuantileMap]) -> Fitted:
+    """`fitted` with the tier's maps, else all tiers' pooled."""
+    stream, whole, busy = (maps.get((name, kind)) or maps.get((POOLED, kind)) for kind in KINDS)
+    return dataclasses.replace(fitted, stream_map=stream, whole_map=whole, busy_map=busy)
 
-    1. each tier's tpot_1 scaled so that the median simulated TPOT of its streamed requests is the median logged
-       one (the fit's tpot_1 is the least loaded requests' TPOT, which still holds some batching the engine adds
-       again);
-    2. then each streamed request's logged TTFT less its simulated one, both from its admission (the queue is
-       the simulation's to time): the tier's residuals."""
+
+def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Samples]) -> FleetFit:
+    """The window replayed as the log routed it (every request that reached a replica, whole answers too, and the
+    ones the log shows shed in the queue, which the replay sends to the fleet too: the load is the replay's) through
+    the fleet of `config` (the routes that produced the log):
+
+    1. with no overhead, each tier's tpot_1 scaled so that the median simulated TPOT of its streamed requests is the
+       median logged one (the fit's tpot_1 is the least loaded requests' TPOT, which still holds some batching the
+       engine adds again);
+    2. with the rescaled decode, each tier's maps (`physics.QuantileMap`), quantile to quantile, all from admission
+       (the queue is the simulation's to time): a streamed request's simulated first token onto its logged TTFT, a
+       whole answer's last token onto its logged TTFT, and the engine's last token onto the logged end of the answer
+       (e2e: how long the gateway held the slot); then MAP_PASSES times: the window again with the maps in place
+       (the slots held longer and the admission gate's samples change the queue), the maps refitted on that run."""
     physics = {name: dataclasses.replace(f, overhead_s=0.0) for name, f in fitted_physics(config, samples).items()}
     arrivals: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
         rec = row.rec
-        if rec.tier in physics and rec.cache not in HITS and (rec.served or rec.status == 499):
+        if rec.tier in physics and rec.cache not in HITS and (rec.served or rec.status == 499 or rec.refused in SHED):
             arrivals.append((rec, Arrival(rec.arrival, rec.tenant, rec.tier, rec.prompt - rec.cached,
                                           rec.completion, rec.stream)))
     tpot_1: dict[str, float] = {}
-    for _ in range(2):
+    maps: dict[tuple[str, str], QuantileMap] = {}
+    for step in range(2 + MAP_PASSES):
         runs = [(rec, dataclasses.replace(a)) for rec, a in arrivals]
         Fleet(config.routes, physics).run(a for _, a in runs)
         ratios: dict[str, list[float]] = {}
-        found: dict[str, list[float]] = {}
+        found: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
         for rec, arrival in runs:
-            if not (rec.served and rec.stream):
+            if not rec.served:
                 continue
-            if rec.tpot_ms is not None and arrival.tpot_ms:
+            if rec.stream and rec.tpot_ms is not None and arrival.tpot_ms:
                 ratios.setdefault(arrival.tier, []).append(rec.tpot_ms / arrival.tpot_ms)
-            if rec.ttft_ms is not None and arrival.ttft_ms is not None:  # after the admission queue, in both
-                found.setdefault(arrival.tier, []).append(
-                    (rec.ttft_ms - rec.queue_ms - arrival.ttft_ms) / 1000 + arrival.waited_s)
-        if tpot_1:
-            break  # the second pass: residuals against the rescaled decode
-        for name, values in ratios.items():
-            if len(values) >= MIN_SAMPLES:
-                profile = physics[name].profile
-                tpot_1[name] = profile.tpot_1_s * statistics.median(values)
-                physics[name] = dataclasses.replace(physics[name],
-                                                    profile=dataclasses.replace(profile, tpot_1_s=tpot_1[name]))
-    residuals = {name: tuple(values) for name, values in found.items() if len(values) >= MIN_SAMPLES}
-    pooled = tuple(v for values in found.values() for v in values)
-    if len(pooled) >= MIN_SAMPLES:
-        residuals[POOLED] = pooled
-    return FleetFit(tpot_1, residuals)
+            pairs: list[tuple[str, float | None, float | None]] = [("busy", arrival.done_s, rec.e2e_ms)]
+            pairs.append(("stream" if rec.stream else "whole", arrival.sim_s, rec.ttft_ms))
+            for kind, sim_s, logged_ms in pairs:  # from admission, in both
+                if sim_s is None or logged_ms is None:
+                    continue
+                for tier in (arrival.tier, POOLED):
+                    sim, logged = found.setdefault((tier, kind), ([], []))
+                    sim.append(sim_s)
+                    logged.append(max(0.0, logged_ms - rec.queue_ms) / 1000)
+        if step == 0:
+            for name, values in ratios.items():
+                if len(values) >= MIN_SAMPLES:
+                    profile = physics[name].profile
+                    tpot_1[name] = profile.tpot_1_s * statistics.median(values)
+                    physics[name] = dataclasses.replace(physics[name],
+                                                        profile=dataclasses.replace(profile, tpot_1_s=tpot_1[name]))
+            continue
+        maps = {key: m for key, (sim, logged) in found.items() if (m := QuantileMap.fit(sim, logged)) is not None}
+        physics = {name: _mapped(f, name, maps) for name, f in physics.items()}
+    return FleetFit(tpot_1, maps)
 
 
 def record_window(window: Window, tally: Tally) -> None:

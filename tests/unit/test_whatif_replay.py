@@ -189,7 +189,7 @@ def test_the_prefill_speed_is_the_slope_of_ttft_in_the_prompt() -> None:
     assert fitted.profile.prefill_tps == pytest.approx(300, rel=0.05)  # not the int4 profile's 9,000
 
 
-def test_the_fleet_fit_takes_decode_speed_and_residuals_from_the_log() -> None:
+def test_the_fleet_fit_takes_decode_speed_and_ttft_maps_from_the_log() -> None:
     from gateway.whatif.replay import Row, Window
     from gateway.whatif.simulate import POOLED, fit_fleet, fitted_physics, simulate_window
     from gateway.whatif.summary import Tally
@@ -206,14 +206,44 @@ def test_the_fleet_fit_takes_decode_speed_and_residuals_from_the_log() -> None:
     window = Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
     fit = fit_fleet(cfg, window, samples)
     assert fit.tpot_1["small"] == pytest.approx(0.0078, rel=0.05)
-    assert len(fit.residuals["small"]) == 60 and fit.residuals[POOLED] == fit.residuals["small"]
-    spread = sorted(fit.residuals["small"])
-    assert spread[-1] - spread[0] == pytest.approx(0.020, abs=0.002)  # the spread is kept, not only the floor
+    stream = fit.maps[("small", "stream")]
+    assert stream.samples == 60 and fit.maps[(POOLED, "stream")] == stream
+    assert ("small", "whole") not in fit.maps  # no whole answer logged
+    # every request alike to the simulation: one knot, the logged TTFTs' mean (their spread the map cannot place)
+    assert len(stream.sim) == 1 and stream.logged[0] == pytest.approx((100 / 9000 * 1000 + 6.5 + 20) / 1000, rel=0.01)
     tally = Tally()
     rows = [Row(r.rec, {"baseline": Decider(cfg).decide(r.rec)}) for r in rows]
     simulate_window("baseline", cfg, Window(window.start, window.end, rows), fitted_physics(cfg, samples, fit), tally)
     p50 = tally.ttft["small"].quantile(0.5)
     assert p50 is not None and p50 == pytest.approx(100 / 9000 * 1000 + 6.5 + 20, rel=0.1)
+
+
+def test_a_quantile_map_is_monotone_and_adds_its_end_difference_beyond_its_knots() -> None:
+    from gateway.whatif.physics import QuantileMap
+
+    m = QuantileMap.fit([0.1, 0.2, 0.2, 0.4, 0.8], [0.3, 0.1, 0.5, 0.9, 2.0])  # pairing ignored: ranks matter
+    assert m is not None and m.sim == (0.1, 0.2, 0.4, 0.8)
+    assert m(0.2) == pytest.approx((0.3 + 0.5) / 2)  # a simulated time two requests share: their mean
+    assert m(0.6) == pytest.approx(0.9 + (2.0 - 0.9) / 2)  # linear between knots
+    assert m(1.8) == pytest.approx(1.8 + 2.0 - 0.8) and m(0.0) == pytest.approx(0.0)  # beyond: the ends' shift
+    values = [m(x / 100) for x in range(200)]
+    assert values == sorted(values)
+    assert QuantileMap.fit([0.1] * 4, [0.2] * 4) is None  # below MIN_SAMPLES
+
+
+def test_a_slot_is_held_as_long_as_the_log_held_it() -> None:
+    from gateway.whatif.physics import QuantileMap
+
+    profile = PROFILES["int4"]
+    routes = gateway_config(TIERS, admission={"initial_limit": 1, "min_limit": 1, "max_queue": 4,
+                                              "max_wait_ms": 10_000}).routes
+    busy = QuantileMap.fit([0.0, 1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 4.0, 5.0, 6.0])  # 2 s longer than the engine
+    assert busy is not None
+    for held, wait in ((None, 0.0), (busy, 2.0)):
+        fleet = Fleet(routes, {"small": Fitted(profile, 0.0, 0, "int4", busy_map=held)})
+        first, second = Arrival(0.0, "t", "small", 100, 5), Arrival(0.0, "t", "small", 100, 5)
+        fleet.run([first, second])
+        assert first.done_s is not None and second.waited_s == pytest.approx(first.done_s + wait)
 
 
 def test_a_shed_request_in_the_window_is_counted_once() -> None:
@@ -238,3 +268,41 @@ def test_calibration_errors_are_relative_and_in_points() -> None:
     e = errors(recorded, replayed)
     assert (e["cost"], e["ttft_p50"], e["ttft_p99"]) == (pytest.approx(0.02), pytest.approx(-0.1), pytest.approx(0.3))
     assert e["tiers"]["a"]["share_points"] == pytest.approx(-2.0) and e["refused"]["x"]["error"] == pytest.approx(0.1)
+
+
+def _wide_skewed_log() -> tuple[GatewayConfig, Any, dict[str, Samples]]:
+    """One streamed request every 2 s (no queue, no batching) with prompts of 20 to ~5,000 tokens, whose logged TTFT
+    grows with the prompt much faster than linearly (a loaded CPU: long prompts wait for the core): what the fitted
+    physics leaves out is wide (seconds), skewed, and tied to each request's own simulated TTFT."""
+    import random
+
+    from gateway.whatif.replay import Row, Window
+
+    cfg = gateway_config([tier("small", ["http://127.0.0.1:9/v1"], precision="int4")],
+                         policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]})
+    rng = random.Random(7)
+    rows, samples = [], {"small": Samples()}
+    for n in range(150):
+        prompt = int(20 + rng.lognormvariate(5.0, 1.2))
+        ttft = 30 + 3 * prompt + prompt ** 2 / 400  # ms
+        rec = line(2 * n, ttft_ms=ttft, tpot_ms=7.0, completion_tokens=20, prompt_tokens=prompt,
+                   e2e_ms=ttft + 19 * 7.0,
+                   reading={"input_tokens": prompt, "input_chars": 4 * prompt, "outputs": 1, "generated": 1,
+                            "cacheable": "deterministic", "digest": f"{n:016x}"})
+        rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+        samples["small"].add(prompt, ttft, 7.0)
+    return cfg, Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows), samples
+
+
+def test_a_wide_skewed_overhead_replayed_against_its_own_policy_keeps_the_logged_median_and_tail() -> None:
+    from gateway.whatif.simulate import fit_fleet, fitted_physics, record_window, simulate_window
+    from gateway.whatif.summary import Tally
+
+    cfg, window, samples = _wide_skewed_log()
+    recorded, replayed = Tally(), Tally()
+    record_window(window, recorded)
+    simulate_window("baseline", cfg, window, fitted_physics(cfg, samples, fit_fleet(cfg, window, samples)), replayed)
+    for q, target in ((0.5, 0.10), (0.99, 0.20)):
+        logged, simulated = recorded.overall_ttft.quantile(q), replayed.overall_ttft.quantile(q)
+        assert logged is not None and simulated is not None
+        assert simulated == pytest.approx(logged, rel=target), q  # an independent draw per request: p50 +25 %
