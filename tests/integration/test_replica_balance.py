@@ -24,7 +24,7 @@ async def run_on(replicas: int, stack: AsyncExitStack, start_gateway: StartGatew
     urls = [f"{(await stack.enter_async_context(serve_emulator(SINGLE_SLOT, seed=i))).url}/v1"
             for i in range(replicas)]
     url = await start_gateway(gateway_config([tier("t", urls)], balancing=BALANCING))
-    return await mixed_load(url, requests=40, concurrency=4, max_tokens=16, trigger_tokens=150,
+    return await mixed_load(url, requests=24, concurrency=4, max_tokens=16, trigger_tokens=150,
                             run_name=f"{replicas} replicas", extra={"ignore_eos": True})
 
 
