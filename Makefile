@@ -63,8 +63,9 @@ kubectl:
 	  $$s apt-get update -qq && $$s apt-get install -y -qq kubernetes-client >/dev/null; }
 
 # every test runs: in CI (CI=true) a skip fails unless README "Optional tests" documents it (tests/conftest.py)
+# PYTHONDONTWRITEBYTECODE emptied: the gateway's modules are compiled once, not again in every process a test starts
 test: $(VENV)/.installed llama chromium loadgen nginx kubectl
-	$(BIN)/pytest
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy

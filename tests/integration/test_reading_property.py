@@ -8,7 +8,7 @@ prompt lists, token-id prompts and content parts as vLLM does) and a real Redis:
   outputs x the token cap, and as many choices as prompts x n;
 - every request gets exactly one log line, with the status the client saw, priced when the backend worked.
 
-GATEWAY_PROPERTY_EXAMPLES sets the number of generated requests (300 here; 10,000 for the record in
+GATEWAY_PROPERTY_EXAMPLES sets the number of generated requests (150 in the suite; 10,000 for the record in
 docs/SECURITY.md)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from gateway.emulator.profiles import get_profile
 from gateway.server import running
 from gateway.testing import TEST_API_KEY, gateway_config, tier
 
-EXAMPLES = int(os.environ.get("GATEWAY_PROPERTY_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("GATEWAY_PROPERTY_EXAMPLES", "150"))
 CAP_TOKENS, CAP_CHARS, DEFAULT_TOKENS, MAX_TOKENS = 8, 30, 6, 12
 CAPPED_KEY = "sk-capped-tenant"
 # the test tenant caches every answer (a capped answer is never stored, so it has no cap); "capped" has a cap

@@ -19,7 +19,7 @@ from gateway.local.redis_server import free_port
 from gateway.testing import TEST_API_KEY, gateway_config
 from tests.conftest import StartGateway
 
-TRIALS = int(os.environ.get("RESUME_LLAMA_TRIALS", "6"))  # docs/BENCHMARKS.md "Resumed streams" runs 20
+TRIALS = int(os.environ.get("RESUME_LLAMA_TRIALS", "4"))  # docs/BENCHMARKS.md "Resumed streams" runs 20
 MODEL = "gemma3-270m-q4_k_m"
 
 
@@ -89,6 +89,6 @@ async def test_a_replica_killed_mid_stream_the_sdk_reads_one_whole_answer(
         children[children.index(victim)] = restarted
         await wait_healthy([restarted], timeout_s=120)
     print(f"\n{TRIALS} kills: {TRIALS} complete with one finish reason; {same} identical to the uncut greedy answer")
-    # greedy on one model: most continued answers are the uncut answer itself (16 of 20 in docs/BENCHMARKS.md, 4 of
-    # 6 here; the others part where Gemma emits a turn marker); an answer started over is never identical
+    # greedy on one model: most continued answers are the uncut answer itself (16 of 20 in docs/BENCHMARKS.md, 3 of
+    # 4 here; the others part where Gemma emits a turn marker); an answer started over is never identical
     assert same >= TRIALS // 3, f"{same} of {TRIALS} resumed answers identical to the uncut one"
