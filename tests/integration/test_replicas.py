@@ -25,11 +25,12 @@ import aiohttp
 import openai
 import orjson
 import pytest
+import redis
 import yaml
 
 from gateway.accounting.log import FLUSH_DELAY_S
 from gateway.config import GatewayConfig
-from gateway.local.redis_server import free_port
+from gateway.local.redis_server import EmbeddedRedis, free_port
 from gateway.testing import TEST_API_KEY, TEST_TENANT, gateway_config, tier
 from tests.integration.test_cli import processes, wait_ready
 from tests.integration.test_prefix_affinity import converse
@@ -170,18 +171,43 @@ class Cluster:
     folder: Path
 
 
+def start_cluster(folder: Path, started: list[subprocess.Popen[bytes]], redis_url: str) -> Cluster:
+    """Two emulated backends and three gateways sharing `redis_url` (drain timeout 10 s)."""
+    backends = [spawn_emulator(folder, started) for _ in range(2)]
+    return Cluster(start_gateways(folder, started, cluster_config(backends), 3, "--redis-url", redis_url,
+                                  "--drain-timeout", "10"), folder)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, processes: list[subprocess.Popen[bytes]], redis_url: str) -> Iterator[Cluster]:
-    """Two emulated backends and three gateways sharing the test's Redis (drain timeout 10 s)."""
-    backends = [spawn_emulator(tmp_path, processes) for _ in range(2)]
-    replicas = start_gateways(tmp_path, processes, cluster_config(backends), 3, "--redis-url", redis_url,
-                              "--drain-timeout", "10")
-    yield Cluster(replicas, tmp_path)
+    """A cluster of its own, for a test that kills or stops a replica (on the test's emptied Redis)."""
+    yield start_cluster(tmp_path, processes, redis_url)
 
 
-async def test_the_rate_limit_holds_across_replicas(cluster: Cluster) -> None:
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis) -> Iterator[Cluster]:
+    """One cluster for the tests that leave every replica running (suite time: three starts fewer). Each reads
+    only its own tenant's lines and keys of its own, so none depends on another or on their order."""
+    started: list[subprocess.Popen[bytes]] = []
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushall()  # as the redis_url fixture does: nothing of the modules before
+    try:
+        yield start_cluster(tmp_path_factory.mktemp("replicas"), started, redis_server.url)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def lines_of(replica: Replica, tenant: str) -> list[dict[str, Any]]:
+    """`replica`'s request lines of `tenant` (the shared cluster serves other tests' tenants too)."""
+    return [line for line in replica.requests() if line["tenant"] == tenant]
+
+
+async def test_the_rate_limit_holds_across_replicas(shared: Cluster) -> None:
     sent = 3 * REQUESTS_PER_MIN
-    replicas = cluster.replicas
+    replicas = shared.replicas
     started = time.monotonic()
     outcomes = await gather_limited([partial(ask, replicas[i % 3], LIMITED_KEY, f"q{i}") for i in range(sent)],
                                     concurrency=6)
@@ -192,19 +218,19 @@ async def test_the_rate_limit_holds_across_replicas(cluster: Cluster) -> None:
     tolerance = math.ceil(REQUESTS_PER_MIN * elapsed / 60)
     assert REQUESTS_PER_MIN <= admitted <= REQUESTS_PER_MIN + tolerance, (admitted, tolerance)
     assert set(outcomes) == {"ok", "rate_limit_requests"}
-    statuses = [{line["status"] for line in r.requests()} for r in replicas]
+    statuses = [{line["status"] for line in lines_of(r, "limited")} for r in replicas]
     assert statuses == [{200, 429}] * 3  # every replica admitted some and refused some
 
 
-async def test_the_daily_budget_holds_across_replicas(cluster: Cluster) -> None:
-    replicas, waves = cluster.replicas, []
+async def test_the_daily_budget_holds_across_replicas(shared: Cluster) -> None:
+    replicas, waves = shared.replicas, []
     for wave in range(40):  # three concurrent requests a wave, one per replica, until all three are refused
         outcomes = await asyncio.gather(*(ask(r, BUDGET_KEY, f"wave {wave}") for r in replicas))
         waves.append(outcomes)
         if outcomes == ["budget_exhausted"] * 3:
             break
     assert waves[-1] == ["budget_exhausted"] * 3, waves
-    costs = [line["cost_usd"] for r in replicas for line in r.requests() if line["status"] == 200]
+    costs = [line["cost_usd"] for r in replicas for line in lines_of(r, "budgeted") if line["status"] == 200]
     spent, most = sum(costs), max(costs)
     # Spend is booked just after each answer, so the requests in flight when the budget runs out (a
     # wave of three) overshoot it, and so may the next wave if it starts before those bookings land:
@@ -212,8 +238,8 @@ async def test_the_daily_budget_holds_across_replicas(cluster: Cluster) -> None:
     assert DAILY_BUDGET_USD <= spent <= DAILY_BUDGET_USD + 2 * 3 * most, (spent, most, len(costs))
 
 
-async def test_a_cached_answer_stored_via_one_replica_is_a_hit_on_the_others(cluster: Cluster) -> None:
-    first, *others = cluster.replicas
+async def test_a_cached_answer_stored_via_one_replica_is_a_hit_on_the_others(shared: Cluster) -> None:
+    first, *others = shared.replicas
     messages = [{"role": "user", "content": "What is a shared response cache?"}]
 
     async def via(replica: Replica) -> tuple[str | None, str]:
@@ -231,17 +257,17 @@ async def test_a_cached_answer_stored_via_one_replica_is_a_hit_on_the_others(clu
                 break
             await asyncio.sleep(0.05)
         assert (status, replayed) == ("hit", answer)
-    hits = [line for r in others for line in r.requests() if line["cache"] == "hit"]
+    hits = [line for r in others for line in lines_of(r, TEST_TENANT) if line["cache"] == "hit"]
     assert len(hits) >= 2 and all(line["cost_usd"] == 0 for line in hits)
 
 
-async def test_prefix_affinity_is_shared_by_the_replicas(cluster: Cluster) -> None:
-    urls = [r.url for r in cluster.replicas]
+async def test_prefix_affinity_is_shared_by_the_replicas(shared: Cluster) -> None:
+    urls = [r.url for r in shared.replicas]
     async with aiohttp.ClientSession() as session:
         for topic in ("disk full on node 7", "certificate expiry on the ingress", "a noisy neighbour"):
             backends = await converse(session, urls, 6, topic)  # each turn via the next gateway process
             assert len(set(backends)) == 1, (topic, backends)
-    later_turns = [line for r in cluster.replicas for line in r.requests() if line["prefix_blocks"]]
+    later_turns = [line for r in shared.replicas for line in lines_of(r, TEST_TENANT) if line["prefix_blocks"]]
     assert len(later_turns) >= 3 * 4  # every conversation's turns after the first found their prefix
 
 

@@ -36,8 +36,9 @@ async def test_readyz_turns_503_while_draining(start_emulator: StartEmulator, st
 
 
 def one_gateway(folder: Path, started: list[subprocess.Popen[bytes]], drain_timeout_s: float) -> Replica:
-    """A `gateway serve` process (no Redis) in front of one slow emulated backend (fp16: ~4 s streams)."""
-    backend = spawn_emulator(folder, started, profile="fp16")
+    """A `gateway serve` process (no Redis) in front of one slow emulated backend (int8: ~2.5 s streams, past the
+    1 s drain deadline of the test that cuts one)."""
+    backend = spawn_emulator(folder, started, profile="int8")
     (replica,) = start_gateways(folder, started, cluster_config([backend]), 1, "--no-redis",
                                 "--drain-timeout", str(drain_timeout_s))
     return replica
