@@ -126,6 +126,12 @@ class Fitted:
 CPU_BATCH_SLOPE = 1.0  # llama.cpp on CPU threads: k sequences decoded together take about k times one's step
 
 
+def cpu_served(tier: Tier) -> bool:
+    """Whether the tier's replicas are llama.cpp servers on CPU threads (`launch: {kind: llama_cpp}`)."""
+    launch = getattr(tier.replicas[0], "launch", None) if tier.replicas else None
+    return launch is not None and getattr(launch, "kind", None) == "llama_cpp"
+
+
 def base_profile(tier: Tier) -> Profile:
     """The emulator profile the tier's replicas run, else the one of its precision (int8 when none matches). A
     llama.cpp replica (`launch: {kind: llama_cpp}`) runs its `parallel` slots at once, on CPU threads that the
@@ -135,9 +141,8 @@ def base_profile(tier: Tier) -> Profile:
         if launch is not None and getattr(launch, "kind", None) == "emulator" and launch.profile in PROFILES:
             return PROFILES[launch.profile]
     base = PROFILES.get(str(tier.precision), PROFILES["int8"])
-    launch = getattr(tier.replicas[0], "launch", None) if tier.replicas else None
-    if launch is not None and getattr(launch, "kind", None) == "llama_cpp":
-        slots = int(getattr(launch, "parallel", 1))
+    if cpu_served(tier):
+        slots = int(getattr(tier.replicas[0].launch, "parallel", 1))
         return dataclasses.replace(base, name=f"llama_cpp ({base.name} physics)", max_running=slots,
                                    batch_slope=CPU_BATCH_SLOPE, kv_read_s_per_token=0.0)
     return base

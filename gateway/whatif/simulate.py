@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from gateway.config import GatewayConfig
 from gateway.whatif.decide import HITS
 from gateway.whatif.fleet import Arrival, Fleet
-from gateway.whatif.physics import MIN_SAMPLES, Fitted, Samples, QuantileMap, fit
+from gateway.whatif.physics import MIN_SAMPLES, Fitted, QuantileMap, Samples, cpu_served, fit
 from gateway.whatif.records import SHED, Logged
 from gateway.whatif.replay import RECORDED, Window
 from gateway.whatif.summary import Tally
@@ -64,12 +64,17 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
 
     1. with no overhead, each tier's tpot_1 scaled so that the median simulated TPOT of its streamed requests is the
        median logged one (the fit's tpot_1 is the least loaded requests' TPOT, which still holds some batching the
-       engine adds again);
+       engine adds again); a CPU-served tier's (`physics.cpu_served`) instead so that the median time from admission
+       to the answer's end is the logged one (e2e less the queue: how long the gateway held the slot), over all its
+       answers, streamed or whole: llama.cpp on shared cores decodes a whole answer faster per token than the
+       streamed TPOT says, and a slot cannot be freed before its engine's last token, so an engine slower than the
+       log holds the slots longer than the log did and queues requests the log admitted at once;
     2. with the rescaled decode, each tier's maps (`physics.QuantileMap`), quantile to quantile, all from admission
        (the queue is the simulation's to time): a streamed request's simulated first token onto its logged TTFT, a
        whole answer's last token onto its logged TTFT, and the engine's last token onto the logged end of the answer
        (e2e: how long the gateway held the slot); then MAP_PASSES times: the window again with the maps in place
-       (the slots held longer and the admission gate's samples change the queue), the maps refitted on that run."""
+       (the slots held longer and the admission gate's samples change the queue), the maps refitted on that run,
+       and a CPU-served tier's decode scaled again as in 1 (the maps changed the queue, so the engines' batches)."""
     physics = {name: dataclasses.replace(f, overhead_s=0.0) for name, f in fitted_physics(config, samples).items()}
     arrivals: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
@@ -79,6 +84,7 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
                                           rec.completion, rec.stream)))
     tpot_1: dict[str, float] = {}
     maps: dict[tuple[str, str], QuantileMap] = {}
+    by_hold = {tier.name for tier in config.routes.tiers if cpu_served(tier)}  # decode fitted on the slot's hold
     for step in range(2 + MAP_PASSES):
         runs = [(rec, dataclasses.replace(a)) for rec, a in arrivals]
         Fleet(config.routes, physics).run(a for _, a in runs)
@@ -87,7 +93,10 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
         for rec, arrival in runs:
             if not rec.served:
                 continue
-            if rec.stream and rec.tpot_ms is not None and arrival.tpot_ms:
+            if arrival.tier in by_hold:
+                if arrival.done_s and rec.e2e_ms > rec.queue_ms:
+                    ratios.setdefault(arrival.tier, []).append((rec.e2e_ms - rec.queue_ms) / 1000 / arrival.done_s)
+            elif rec.stream and rec.tpot_ms is not None and arrival.tpot_ms:
                 ratios.setdefault(arrival.tier, []).append(rec.tpot_ms / arrival.tpot_ms)
             pairs: list[tuple[str, float | None, float | None]] = [("busy", arrival.done_s, rec.e2e_ms)]
             pairs.append(("stream" if rec.stream else "whole", arrival.sim_s, rec.ttft_ms))
@@ -98,13 +107,13 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
                     sim, logged = found.setdefault((tier, kind), ([], []))
                     sim.append(sim_s)
                     logged.append(max(0.0, logged_ms - rec.queue_ms) / 1000)
+        for name, values in ratios.items():
+            if len(values) >= MIN_SAMPLES and (step == 0 or name in by_hold):
+                profile = physics[name].profile
+                tpot_1[name] = profile.tpot_1_s * statistics.median(values)
+                physics[name] = dataclasses.replace(physics[name],
+                                                    profile=dataclasses.replace(profile, tpot_1_s=tpot_1[name]))
         if step == 0:
-            for name, values in ratios.items():
-                if len(values) >= MIN_SAMPLES:
-                    profile = physics[name].profile
-                    tpot_1[name] = profile.tpot_1_s * statistics.median(values)
-                    physics[name] = dataclasses.replace(physics[name],
-                                                        profile=dataclasses.replace(profile, tpot_1_s=tpot_1[name]))
             continue
         maps = {key: m for key, (sim, logged) in found.items() if (m := QuantileMap.fit(sim, logged)) is not None}
         physics = {name: _mapped(f, name, maps) for name, f in physics.items()}

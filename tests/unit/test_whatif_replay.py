@@ -306,3 +306,38 @@ def test_a_wide_skewed_overhead_replayed_against_its_own_policy_keeps_the_logged
         logged, simulated = recorded.overall_ttft.quantile(q), replayed.overall_ttft.quantile(q)
         assert logged is not None and simulated is not None
         assert simulated == pytest.approx(logged, rel=target), q  # an independent draw per request: p50 +25 %
+
+
+def test_a_cpu_served_tier_holds_its_slots_as_long_as_the_log_held_them() -> None:
+    """llama.cpp on CPU decodes a whole answer faster per token than the streamed TPOT says (no per-token streaming
+    on the shared cores): the decode speed of a CPU-served tier is fitted on how long the log held its slots (e2e less
+    the queue, every answer), not on the streamed TPOT, else the simulated slots stay busy past the logged ends and
+    requests the log admitted at once queue."""
+    from gateway.config import Tier
+    from gateway.whatif.replay import Row, Window
+    from gateway.whatif.simulate import fit_fleet, fitted_physics
+
+    cpu = Tier.model_validate({
+        "name": "small", "precision": "int4", "context_window": 2048, "slots_per_replica": 1,
+        "prices": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+        "replicas": [{"name": "small-a", "url": "http://127.0.0.1:9/v1", "model": "m",
+                      "launch": {"kind": "llama_cpp", "model": "gemma3-270m-q4_k_m", "parallel": 1}}]})
+    cfg = gateway_config([cpu], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]},
+                         admission={"initial_limit": 1, "min_limit": 1, "max_wait_ms": 10_000})
+    rows, samples, at = [], {"small": Samples()}, 0.0
+    for n in range(60):
+        stream = n % 3 == 0  # a streamed answer (45 ms a token) takes 955 ms, a whole one 500 ms (the next: 0.7 s)
+        e2e = 100 + 19 * 45.0 if stream else 500.0
+        rec = line(n, arrival_s=1_795_000_000.0 + at, stream=stream, ttft_ms=100.0 if stream else e2e,
+                   tpot_ms=45.0 if stream else None, e2e_ms=e2e, completion_tokens=20)
+        rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+        if stream:
+            samples["small"].add(100, 100.0, 45.0)
+        at += 1.2 if stream else 0.7
+    window = Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+    physics = fitted_physics(cfg, samples, fit_fleet(cfg, window, samples))
+    arrivals = [Arrival(r.rec.arrival, "t", "small", 100, 20, r.rec.stream) for r in rows]
+    Fleet(cfg.routes, physics).run(arrivals)
+    done = sorted(a.done_s for a in arrivals if a.done_s is not None)
+    assert len(done) == 60 and done[30] == pytest.approx(0.5, rel=0.05)  # the logged median hold
+    assert max(a.waited_s for a in arrivals) == 0.0  # as logged (streamed TPOT: ~0.2 s after each whole answer)
