@@ -507,6 +507,15 @@ def test_a_chat_continues_on_the_next_replica_with_exact_arguments(monkeypatch: 
     assert fired(world.outcomes) == {"resumed": 1}
 
 
+def test_the_continuation_asks_for_fewer_min_tokens_by_those_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tokens sent go into the body: vLLM's min_tokens lowered by them (10 - 4), max_tokens too."""
+    world = World(monkeypatch, counted=4)
+    ctx = context({**CHAT, "min_tokens": 10}, max_tokens=20)
+    r, _ = resumer_of(world, ctx)
+    run(r, broken(" a"))
+    assert world.posts[0][3]["min_tokens"] == 6 and world.posts[0][3]["max_tokens"] == 16
+
+
 def test_a_chat_with_a_template_continues_on_completions(monkeypatch: pytest.MonkeyPatch) -> None:
     """A replica with /apply-template: the chat is posted to /completions as its rendered prompt plus the text;
     the splice makes its chunks chat ones."""
