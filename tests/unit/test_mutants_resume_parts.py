@@ -186,3 +186,32 @@ def test_no_prompt_count_is_zero_not_one() -> None:
     parts = [ResumePart("a", SMALL, 0), ResumePart("b", SMALL, 0)]
     assert [p[1] for p in part_tokens(ctx(parts, None, 1))] == [0, 0]
     assert part_tokens(ctx(parts, None, None))[-1][2] == 0
+
+
+# -- after the measurement of 2026-11-28 (second run): part_tokens, priced_parts, _tokens -----------------------------
+
+_FIRST = SMALL.price_at(DAY)
+DATED = SMALL.model_copy(update={"prices": (
+    _FIRST, _FIRST.model_copy(update={"effective_from": date(2026, 11, 1), "input_per_mtok": 5.0}))})
+
+
+def test_each_part_is_priced_at_the_days_prices() -> None:
+    """A tier whose prices changed on Nov 1: the parts of an answer on Nov 25 are priced at the new ones."""
+    parts = [ResumePart("a", DATED, 0), ResumePart("b", DATED, 2)]
+    c = ctx(parts, 2 * 1000 + 2, 4)
+    assert [p["cost_usd"] for p in priced_parts(c, DAY)] == pytest.approx([(1000 * 5.0 + 2 * 2.0) / 1e6,
+                                                                           (1002 * 5.0 + 2 * 2.0) / 1e6])
+
+
+def test_no_prompt_count_is_zero_before_the_sent_tokens_are_taken_off() -> None:
+    """No prompt count: 0 (not 1) less the tokens sent, shared by the parts: (0 - 1) // 2 = -1."""
+    parts = [ResumePart("a", SMALL, 0), ResumePart("b", SMALL, 1)]
+    assert [p[1] for p in part_tokens(ctx(parts, None, 3))] == [-1, 0]
+
+
+def test_without_a_tier_and_no_chunk_the_client_has_no_token() -> None:
+    """No tier (no tokenizer): the tokens sent are the content chunks alone, 0 when none came (not 1)."""
+    c = ctx([], None, None)
+    c.route.tier = None
+    r, _ = resumer(c, counters=None)
+    assert r._tokens("", StreamTally(content_chunks=0)) == 0
