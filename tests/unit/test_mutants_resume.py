@@ -798,3 +798,22 @@ def test_a_server_without_the_template_is_remembered(monkeypatch: pytest.MonkeyP
     assert len(posts) == 1
     asyncio.run(a.template(SMALL.replicas[1], {"messages": []}, settings))
     assert len(posts) == 2
+
+
+def test_a_template_answer_that_stalls_is_the_replicas_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/apply-template's answer stalls: `Retry` naming the replica (its words from the answer's reading), not a
+    server without templates (nothing remembered)."""
+
+    class Stalled:
+        async def read(self) -> bytes:
+            raise TimeoutError
+
+    async def post(client: Any, replica: Any, path: str, body: bytes, settings: Any) -> Stalled:
+        return Stalled()
+
+    monkeypatch.setattr(resume_module, "post", post)
+    a = app()
+    with pytest.raises(Retry) as err:
+        asyncio.run(a.template(SMALL.replicas[1], {"messages": []}, CONFIG.routes.upstream))
+    assert err.value.error.message == "backend small-1 did not answer in time"
+    assert a._chat_servers == set()
