@@ -388,8 +388,8 @@ class World:
 
 
 def context(body: dict[str, Any] | None = None, *, tier_name: str = "small", held: str = "small-0",
-            max_tokens: int | None = 20, prompt_est: int = 100, tenant: bool = True) -> Any:
-    ctx = request_context(CONFIG, body or CHAT)
+            max_tokens: int | None = 20, prompt_est: int = 100, tenant: bool = True, endpoint: Any = "chat") -> Any:
+    ctx = request_context(CONFIG, body or CHAT, endpoint=endpoint)
     asyncio.run(ParseStage()(ctx))
     ctx.route.tier = TIERS[tier_name]
     ctx.upstream.replica = next(r for r in ctx.route.tier.replicas if r.name == held)
@@ -443,6 +443,21 @@ def test_a_finished_choice_of_several_is_not_the_whole_answer(monkeypatch: pytes
     assert run(r, broken(" a", finish="stop")) == "n > 1"
     assert held.releases == [{"failed": True, "completion": 1}]
     assert fired(world.outcomes) == {"refused": 1}
+
+
+def test_one_answer_of_several_written_is_whole_once_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """best_of 3, n 1: the backend writes three but the client gets one; its finish reason makes it whole."""
+    world = World(monkeypatch, counted=50)
+    ctx = context({"model": "auto", "prompt": "Once", "stream": True, "best_of": 3}, endpoint="completions")
+    assert ctx.reading.outputs == 1 and ctx.reading.generated == 3
+    r, held = resumer_of(world, ctx)
+    scanner = SseScanner("completions", forward_usage=True, collect_text=True)
+    scanner.feed(b"data: " + orjson.dumps({"id": "c", "object": "text_completion", "created": 1, "model": "a",
+                                           "choices": [{"index": 0, "text": " upon", "finish_reason": "stop"}]})
+                 + b"\n\n")
+    assert asyncio.run(r.resume(scanner, "upstream_reset")) is None
+    assert held.releases == [{"failed": True, "completion": 1}]
+    assert fired(world.outcomes) == {"whole": 1}
 
 
 def test_a_refused_stream_releases_with_the_chunks_sent_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
