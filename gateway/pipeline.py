@@ -17,6 +17,10 @@ finishers the stages left on the context run (limiter booking, cache store, pref
 permit release, trace end). Finishers run after accounting because some read what it sets (`cost_usd`,
 the settled token counts), and each runs in its own guard, so a failure in one never skips another.
 
+A stage that can tell from the config alone that it will do nothing (`Idle`: no policy keeps sessions, spills,
+shadows or escalates, no embedding tier, no prefix store) is left out of the untraced run, decided once per config
+version: an idle stage costs a request nothing.
+
 When the request is traced, the stages declared `traced(...)` below get a span of their own, named here
 (gateway.<name>): a stage is known by its place in this list, whatever its class is called.
 """
@@ -25,10 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import structlog
 
+from gateway.config import GatewayConfig
 from gateway.context import RequestContext, Trace
 from gateway.errors import GatewayError
 from gateway.experiments.serving import ShadowTap
@@ -110,12 +115,26 @@ class RequestPath:
         trace = ctx.trace if ctx.trace is not None and ctx.trace.recording else None
         if trace is not None:
             return await self._run_traced(ctx, trace)
-        stages: tuple[Stage, ...] = _STAGES(self)
+        stages, escalates = self._active(ctx.config)
         for stage in stages:
             reply = await stage(ctx)
             if reply is not None:
-                return await self.escalate(ctx, reply)
+                return await self.escalate(ctx, reply) if escalates else reply
         raise GatewayError("no stage produced a reply")
+
+    def _active(self, config: GatewayConfig) -> tuple[tuple[Stage, ...], bool]:
+        """The stages that may act under `config` (an idle one does nothing for any request it could serve:
+        no policy spills, no embedding tier, ...), and whether a reply may escalate; once per config version."""
+        key = (id(self), id(config))
+        known = _ACTIVE.get(key)
+        if known is not None and known.path is self and known.config is config:
+            return known.stages, known.escalates
+        stages = tuple(stage for stage in _STAGES(self) if not _idle(stage, config))
+        escalates = not _idle(self.escalate, config)
+        if len(_ACTIVE) >= MAX_ACTIVE:
+            _ACTIVE.pop(next(iter(_ACTIVE)))
+        _ACTIVE[key] = _Active(self, config, stages, escalates)
+        return stages, escalates
 
     async def _run_traced(self, ctx: RequestContext, trace: Trace) -> Reply:
         """The same, each stage through the trace, with its span's name (None: no span of its own)."""
@@ -133,6 +152,28 @@ class RequestPath:
             except Exception:
                 log.exception("finisher_failed", request_id=ctx.request_id, step=getattr(step, "__qualname__", "?"))
 
+
+@runtime_checkable
+class Idle(Protocol):
+    """A stage that can tell, from the config alone, that it will do nothing for any request."""
+
+    def idle(self, config: GatewayConfig) -> bool: ...
+
+
+def _idle(stage: object, config: GatewayConfig) -> bool:
+    return isinstance(stage, Idle) and stage.idle(config)
+
+
+@dataclass(frozen=True, slots=True)
+class _Active:
+    path: RequestPath
+    config: GatewayConfig
+    stages: tuple[Stage, ...]
+    escalates: bool
+
+
+MAX_ACTIVE = 16  # (path, config version) pairs remembered: a reload makes one more, tests make a few paths
+_ACTIVE: dict[tuple[int, int], _Active] = {}
 
 # (not stages: escalate takes the reply, account runs after it)
 _STAGE_FIELDS = tuple(stage for stage in fields(RequestPath) if stage.name not in ("escalate", "account"))

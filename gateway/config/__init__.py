@@ -62,6 +62,14 @@ class GatewayConfig:
         return cls(routes, policy, MappingProxyType(tiers), MappingProxyType(by_hash), anonymous, baseline, version,
                    time.time())
 
+    def policies(self) -> tuple[TenantPolicy, ...]:
+        """Every tenant policy a request may be served under: each tenant's, the anonymous one, and each
+        experiment arm's (an arm's policy replaces its tenant's for the requests it is assigned)."""
+        tenants = [*self.tenants_by_key_hash.values(), *([self.anonymous] if self.anonymous is not None else [])]
+        arms = [arm.policy for tenant in tenants if tenant.plan is not None
+                for experiment in tenant.plan.experiments for arm in experiment.arms]
+        return (*tenants, *arms)
+
 
 def _output_price(tier: Tier) -> float:
     """USD for a million output tokens at today's prices: how the default baseline tier is chosen."""

@@ -77,6 +77,10 @@ class ShadowTap:
     def __init__(self, sender: ShadowSender) -> None:
         self.sender = sender
 
+    def idle(self, config: GatewayConfig) -> bool:
+        """No policy under `config` shadows: the tap does nothing."""
+        return not any(p.shadow is not None for p in config.policies())
+
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         tenant, tier = ctx.tenant, ctx.route.tier
         if tenant is None or tenant.shadow is None or tier is None or tier.endpoint != "chat":

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from gateway.backends.stats import estimate_tokens
 from gateway.cache.background import BackgroundWrites
 from gateway.cache.prefix import PrefixStore
-from gateway.config import Tier
+from gateway.config import GatewayConfig, Tier
 from gateway.context import RequestContext
 from gateway.keyspace import tenant_scope
 from gateway.types import Reply
@@ -33,6 +33,10 @@ class AffinityStage:
     def __init__(self, store: PrefixStore | None = None, writes: BackgroundWrites | None = None) -> None:
         self._store = store  # None: no Redis, no affinity (the ranking alone decides)
         self._writes = writes
+
+    def idle(self, config: GatewayConfig) -> bool:
+        """No prefix store (no Redis): the step does nothing, whatever the config."""
+        return self._store is None
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         if self._store is None or ctx.route.tier is None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from gateway.backends.pool import ReplicaPool
-from gateway.config import TenantPolicy, Tier
+from gateway.config import GatewayConfig, TenantPolicy, Tier
 from gateway.context import RequestContext
 from gateway.types import AUTO_MODEL, Reply
 
@@ -46,6 +46,10 @@ class DetourStage:
 
     def __init__(self, pool: ReplicaPool) -> None:
         self._pool = pool
+
+    def idle(self, config: GatewayConfig) -> bool:
+        """No policy under `config` detours: the step does nothing."""
+        return not any(p.detour for p in config.policies())
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         self._decide(ctx, dry=False)

@@ -66,6 +66,10 @@ class SessionStage:
         self._spawn = spawn or _spawn  # background writes (the app's BackgroundWrites.spawn)
         self._ranks: tuple[GatewayConfig | None, dict[str, int]] = (None, {})
 
+    def idle(self, config: GatewayConfig) -> bool:
+        """No store, or no policy under `config` keeps sessions: the step does nothing."""
+        return self._store is None or not any(p.sessions is not None for p in config.policies())
+
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         await self._decide(ctx, dry=False)
         return None

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import structlog
 
 from gateway.backends.pool import ReplicaPool
-from gateway.config import TenantPolicy, Tier
+from gateway.config import GatewayConfig, TenantPolicy, Tier
 from gateway.config.policies import Priority
 from gateway.context import RequestContext
 from gateway.metrics import GatewayMetrics
@@ -42,6 +42,10 @@ class SpillStage:
         self._pool = pool
         self._wait = wait
         self._metrics = metrics
+
+    def idle(self, config: GatewayConfig) -> bool:
+        """No policy under `config` spills: the step does nothing."""
+        return not any(p.spill is not None for p in config.policies())
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         self._decide(ctx, dry=False)

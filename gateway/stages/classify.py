@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import structlog
 
+from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.keyspace import tenant_scope
 from gateway.types import AUTO_MODEL, DifficultyScorer, QualityPredictor, Reply
@@ -21,6 +22,10 @@ class ClassifyStage:
     def __init__(self, scorer: DifficultyScorer | None, predictor: QualityPredictor | None = None) -> None:
         self._scorer = scorer
         self.predictor = predictor  # set again by a reload that loads one (gateway.state.Gateway.serve)
+
+    def idle(self, config: GatewayConfig) -> bool:
+        """No policy under `config` asks for a difficulty or a quality prediction: the stage does nothing."""
+        return not any(p.quality_floor is not None or p.routing is not None for p in config.policies())
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         tenant = ctx.tenant

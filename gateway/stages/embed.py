@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.protocols.embeddings import float16_rounded, inputs_of, render
 from gateway.types import JsonReply, Reply
@@ -35,6 +36,10 @@ class EmbedStage:
         self._embedder = embedder  # None: no tier embeds in process
         self._count_tokens = count_tokens
         self._remote = remote  # None: no remote embedding tiers can be served (no HTTP session)
+
+    def idle(self, config: GatewayConfig) -> bool:
+        """`config` has no embedding tier: the stage does nothing."""
+        return not any(t.endpoint == "embeddings" for t in config.routes.tiers)
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         tier = ctx.route.tier

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 import structlog
 
-from gateway.config import Tier
+from gateway.config import GatewayConfig, Tier
 from gateway.config.policies import Escalate
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, Overloaded
@@ -65,6 +65,10 @@ class EscalateStage:
         counter = Counter("gateway_escalations", "Answers checked for confidence (tenants with escalate), by what "
                           "the gateway did", ("outcome",), registry=metrics.registry)
         self.outcomes = {outcome: counter.labels(outcome) for outcome in OUTCOMES}
+
+    def idle(self, config: GatewayConfig) -> bool:
+        """No policy under `config` escalates: every reply passes through unchanged."""
+        return not any(p.escalate is not None for p in config.policies())
 
     async def __call__(self, ctx: RequestContext, reply: Reply) -> Reply:
         rule = armed(ctx)
