@@ -60,7 +60,7 @@ class Reading:
     """What a request asks (the module docstring); built by `read`, limited by the policy stage (`limit`)."""
 
     __slots__ = ("endpoint", "parts", "prompts", "n", "best_of", "outputs", "generated", "params", "stop", "ceiling",
-                 "input_chars", "input_tokens", "media_parts", "semantic_text", "_context_key", "_key")
+                 "input_chars", "input_tokens", "media_parts", "semantic_text", "_context_key", "_key", "_replayable")
 
     def __init__(self, endpoint: Endpoint, parts: tuple[Part, ...], prompts: int, n: int, best_of: int,
                  params: dict[str, Any], semantic_text: str | None) -> None:
@@ -89,6 +89,7 @@ class Reading:
         self.media_parts = media_parts
         self._context_key: str | None = None
         self._key: str | None = None
+        self._replayable: bool | None = None
 
     def output_tokens_max(self) -> int:
         """The most output tokens the backend may write for this request (0 while the ceiling is unknown, and
@@ -105,9 +106,13 @@ class Reading:
         self._context_key = self._key = None
 
     def replayable(self) -> bool:
-        """Whether one stored text is this request's whole answer: one output, no tools, no log-probabilities."""
-        return self.generated == 1 and not any(self.params.get(name) for name in UNREPLAYABLE) \
-            and not any(part.role == "tools" for part in self.parts)
+        """Whether one stored text is this request's whole answer: one output, no tools, no log-probabilities
+        (once: the cache stage and the log line both ask)."""
+        if self._replayable is None:
+            params = self.params
+            self._replayable = self.generated == 1 and not any(params.get(name) for name in UNREPLAYABLE) \
+                and all(part.role != "tools" for part in self.parts)
+        return self._replayable
 
     def key(self) -> str:
         """A digest of the whole reading: equal for two requests exactly when every input and parameter is."""

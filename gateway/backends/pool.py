@@ -167,11 +167,13 @@ class Lease:
                  "_estimated_at", "_held", "_predicted_s")
 
     def __init__(self, pool: ReplicaPool, replica: Replica, tier: Tier, tokens: int, cached: int,
-                 balancing: Balancing) -> None:
+                 balancing: Balancing, predicted_s: float | None = None) -> None:
+        """`predicted_s`: the replica's TTFT for this prompt as just predicted from the same state (None: predict)."""
         self.replica = replica
         self._balancing = balancing
         state = self._state = pool.state(replica, tier)
-        self._predicted_s = pool.predict(tier, replica, tokens, cached)  # what ranking expected of it (calibration)
+        # what ranking expected of it (calibration)
+        self._predicted_s = pool.predict(tier, replica, tokens, cached) if predicted_s is None else predicted_s
         self._work = state.work(tokens, cached)
         self._queue_s = state.queue_s()
         self._own_tokens = max(0, tokens - cached)

@@ -2,7 +2,7 @@
 
 Owner: the route's steps (gateway.routing: tiers, session, detour, spill, affinity, ranking) write its fields.
 Two fields have one other owner each: the classify stage writes the scores (`difficulty`, `quality`), admission
-writes `predicted_ttft_s`. Anyone else who moves the request goes through a method here (`brownout`,
+writes `predicted_ttft_s` and `predicted_on`. Anyone else who moves the request goes through a method here (`brownout`,
 `escalate_to`, `pinned`), never by assigning a field: tests/unit/test_record_owners.py checks it.
 
 `Escalation` (the first part of an escalated answer, `ctx.escalation`: gateway.routing.escalate decides,
@@ -36,6 +36,7 @@ class RouteDecision:
     prefix_replica: str | None = None  # the replica holding that prefix
     prefix_tokens: int = 0  # ... and its length in tokens
     predicted_ttft_s: float | None = None  # the chosen replica's predicted TTFT at admission (admission stage)
+    predicted_on: Replica | None = None  # the replica predicted_ttft_s is for (admission stage)
     brownout_from: str | None = None  # the saturated tier this request was moved away from (admission, `brownout`)
     rerouted_from: str | None = None  # the tier with no healthy replica 'auto' was moved away from (detour)
     spill: SpillChoice | None = None  # the spill step's decision, when the tenant's policy spills (spill)

@@ -52,7 +52,8 @@ class Accountant:
         dashboard (an answer outside the request path: admin, dashboard, probes, count_tokens; gateway.edge.accounted)."""
         ctx.finished_at = now = time.perf_counter()
         self.count_tokens(ctx)
-        cost, avoided, baseline = _prices(ctx, utc_day(ctx.ts))
+        day = utc_day(ctx.ts)
+        cost, avoided, baseline = _prices(ctx, day)
         ctx.result.cost_usd = cost
         e2e_s = now - ctx.started
         ttft_s = ctx.upstream.first_token_at - ctx.started if ctx.upstream.first_token_at is not None else None
@@ -91,7 +92,7 @@ class Accountant:
             "spilled_from": ctx.route.spill.spilled_from if ctx.route.spill else None,  # issue 39: and both tiers' predictions
             "spill": ctx.route.spill.report() if ctx.route.spill and ctx.route.spill.target else None,
             # a low-confidence answer asked again of the next tier up: both parts (issue 39)
-            **escalation_fields(ctx, day := utc_day(ctx.ts), round(cost - first_cost(ctx, day), 12)),
+            **escalation_fields(ctx, day, round(cost - first_cost(ctx, day), 12)),
             "max_tokens": ctx.max_tokens,
             "max_tokens_clamped_from": ctx.max_tokens_asked,
             "attempts": ctx.upstream.attempts,
@@ -105,7 +106,7 @@ class Accountant:
             "saved_usd": round(baseline - cost, 9),
             "ttft_slo_ms": ctx.tenant.ttft_slo_ms if ctx.tenant else None,
             "resumed": bool(ctx.upstream.resumed_parts),  # a stream that broke and went on elsewhere (issue 32)
-            "parts": priced_parts(ctx, utc_day(ctx.ts)) if ctx.upstream.resumed_parts else None,
+            "parts": priced_parts(ctx, day) if ctx.upstream.resumed_parts else None,
             "session": ctx.route.session,  # the sticky-tier session, and what it did to this turn's tier
             "session_route": ctx.route.session_route,
         }

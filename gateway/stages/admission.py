@@ -112,6 +112,7 @@ class AdmissionStage:
         first = ctx.route.candidates[0]
         cached = ctx.route.prefix_tokens if ctx.route.prefix_replica == first.name else 0
         ctx.route.predicted_ttft_s = self._pool.predict(ctx.route.tier, first, ctx.prompt_tokens_est, cached)
+        ctx.route.predicted_on = first
         return ctx.route.predicted_ttft_s
 
     async def _brownout(self, ctx: RequestContext, gate: TierGate, predicted: float) -> tuple[TierGate, float]:
@@ -138,7 +139,7 @@ class AdmissionStage:
         ctx.route.brownout(tier.name, target)
         choice.apply(ctx)
         ctx.cache_key = None  # this answer comes from another tier: never store it under the first one's key
-        ctx.route.predicted_ttft_s = target_predicted
+        ctx.route.predicted_ttft_s, ctx.route.predicted_on = target_predicted, first
         self._metrics.brownouts.labels(tier.name, target.name).inc()
         log.info("brownout", request_id=ctx.request_id, from_tier=tier.name, to_tier=target.name)
         return target_gate, target_predicted

@@ -166,7 +166,12 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return found
 
 
+SAMPLING_FIELDS = frozenset({*NUMBER_RANGES, "n", "best_of", "seed", "stop"})
+
+
 def _check_sampling(body: dict[str, Any]) -> None:
+    if body.keys().isdisjoint(SAMPLING_FIELDS):
+        return  # the common request: none of them set
     for name, (low, high) in NUMBER_RANGES.items():
         value = _optional(body, name, (int, float))
         if value is not None and not low <= value <= high:

@@ -50,13 +50,20 @@ class Attempt:
         """`tokens`: the prompt's length (the request's estimate unless told), the part of it warm in the
         replica's prefix cache counted; `tier`: the replica's (the request's unless told); `first`: the
         request's first answer (its first byte tells the stages that wait for it), not a continuation."""
-        tier = tier or ctx.route.tier
+        route = ctx.route
+        tier = tier or route.tier
         assert tier is not None
         tokens = ctx.prompt_tokens_est if tokens is None else tokens
-        cached = min(tokens, ctx.route.prefix_tokens) if first and ctx.route.prefix_replica == replica.name else 0
+        warm = first and route.prefix_replica == replica.name
+        cached = min(tokens, route.prefix_tokens) if warm else 0
+        # admission predicted this very pick a moment ago (the same replica and prompt, the state unchanged: the
+        # request's first try, nothing awaited since but a queue wait, after which admission predicts again)
+        known = route.predicted_ttft_s if (
+            first and ctx.upstream.attempts == 1 and replica is route.predicted_on and tokens == ctx.prompt_tokens_est
+            and cached == (route.prefix_tokens if warm else 0)) else None
         self.ctx = ctx
         self.replica = replica
-        self.lease = Lease(pool, replica, tier, tokens, cached, ctx.config.routes.balancing)
+        self.lease = Lease(pool, replica, tier, tokens, cached, ctx.config.routes.balancing, known)
         self.response: Response | None = None
         self.sent_at = time.perf_counter()
         self._first = first

@@ -45,31 +45,31 @@ def replay_fields(ctx: RequestContext) -> dict[str, Any]:
     """The replay fields of a finished request's log line (see the module docstring)."""
     reading = ctx.reading
     quality = ctx.route.quality
-    chat = ctx.endpoint != "embeddings" and bool(ctx.body)
-    return {
+    fields: dict[str, Any] = {
         "replay": REPLAY_VERSION,
         "arrival_s": round(ctx.ts, 6),
         "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
-        **(_conversation_fields(ctx) if chat else NO_CONVERSATION),
-        "reading": None if reading is None else _reading(reading),
-        "decode_tps": _decode_tps(ctx),
     }
+    if ctx.endpoint != "embeddings" and ctx.body:
+        _conversation_fields(ctx, fields)
+    else:
+        fields.update(NO_CONVERSATION)
+    fields["reading"] = None if reading is None else _reading(reading)
+    fields["decode_tps"] = _decode_tps(ctx)
+    return fields
 
 
-def _conversation_fields(ctx: RequestContext) -> dict[str, Any]:
-    """`conversation`, `sticky` and `turn_keys` of a chat or completion, its opening texts read once."""
+def _conversation_fields(ctx: RequestContext, fields: dict[str, Any]) -> None:
+    """`conversation`, `sticky` and `turn_keys` of a chat or completion into `fields`, its opening texts read once."""
     tenant, body = ctx.tenant_name, ctx.body
     system, first = conversation_texts(body)
     user = body.get("user")
     user = user if type(user) is str else ""
-    conversation = ctx.route.session or (header_key(tenant, ctx.session_header) if ctx.session_header
-                                         else conversation_id(tenant, user, system, first))
-    return {
-        "conversation": conversation,
-        "sticky": {"conversation": conversation_key(tenant, system, first),
-                   "user": user_key(tenant, user) if user else None},
-        "turn_keys": _turn_keys(tenant, ctx),
-    }
+    fields["conversation"] = ctx.route.session or (header_key(tenant, ctx.session_header) if ctx.session_header
+                                                   else conversation_id(tenant, user, system, first))
+    fields["sticky"] = {"conversation": conversation_key(tenant, system, first),
+                        "user": user_key(tenant, user) if user else None}
+    fields["turn_keys"] = _turn_keys(tenant, ctx)
 
 
 def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None:

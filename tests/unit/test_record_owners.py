@@ -24,7 +24,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 RECORDS: dict[str, tuple[type, str, dict[str, str]]] = {
     "route": (RouteDecision, "gateway.routing", {
         "difficulty": "gateway.stages.classify", "quality": "gateway.stages.classify",
-        "predicted_ttft_s": "gateway.stages.admission"}),
+        "predicted_ttft_s": "gateway.stages.admission", "predicted_on": "gateway.stages.admission"}),
     "upstream": (UpstreamRecord, "gateway.upstream", {"stop_sequence": "gateway.protocols.base"}),
     "result": (RequestResult, "gateway.http gateway.edge.accounted", {  # the edge: its two modules
         "cost_usd": "gateway.stages.account", "priced_from": "gateway.stages.account"}),
