@@ -38,6 +38,8 @@ MEDIA_TOKENS = 765
 OUTPUT_NEUTRAL = frozenset({"model", "stream", "stream_options", "user", "metadata", "store", "service_tier"})
 INPUT_FIELDS = frozenset({"messages", "prompt", "input", "tools", "functions", "response_format"})
 CEILING_FIELDS = frozenset({"max_tokens", "max_completion_tokens"})
+NOT_PARAMS = OUTPUT_NEUTRAL | INPUT_FIELDS | CEILING_FIELDS | {"n", "best_of"}  # outputs are read on their own
+TOOL_FIELDS = frozenset({"tools", "functions", "response_format"})
 # Parameters whose answers one stored text cannot replay faithfully (tool definitions neither: `replayable`).
 UNREPLAYABLE = ("logprobs", "top_logprobs", "echo")
 
@@ -134,16 +136,13 @@ class Reading:
 def read(endpoint: Endpoint, body: dict[str, Any]) -> Reading:
     """The reading of a body that parse validated (chat, completions or embeddings; other protocols arrive
     translated to chat)."""
-    params = {name: value for name, value in body.items()
-              if name not in OUTPUT_NEUTRAL and name not in INPUT_FIELDS and name not in CEILING_FIELDS}
+    params = {name: value for name, value in body.items() if name not in NOT_PARAMS}
     n = body.get("n") or 1
     best_of = body.get("best_of") or 1
-    extra = _tool_parts(body)
+    extra = [] if body.keys().isdisjoint(TOOL_FIELDS) else _tool_parts(body)
     if endpoint == "chat":
         parts, semantic = _chat_parts(body.get("messages") or [])
-        params.pop("n", None), params.pop("best_of", None)
         return Reading(endpoint, (*extra, *parts), 1, n, best_of, params, semantic)
-    params.pop("n", None), params.pop("best_of", None)
     prompts = body.get("prompt" if endpoint == "completions" else "input")
     parts, count = _prompt_parts(prompts)
     semantic = prompts if isinstance(prompts, str) else None
