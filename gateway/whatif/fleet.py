@@ -13,7 +13,8 @@ request not streamed, its last token instead, through the tier's map of whole an
 the first byte to the client, and a whole answer arrives at once). The gateway's slot is held from admission to
 the answer's end, through the tier's busy map (the logged time at the engine's time's rank; never shorter than
 the engine's): on a CPU the replicas share, an answer takes longer than one replica's engine says, and the queue
-behind it waits.
+behind it waits. A CPU-served tier (`physics.cpu_served`) has no busy map: its engine's steps run at the machine's
+speed the log measured at that time (`physics.HostSpeed`), and its slot is held to the engine's last token.
 
 The gate's limit is fed each request's first token (for a whole answer too, as the gateway's estimate of it is).
 Not modelled, said in the report: prefix affinity and the predicted-TTFT ranking (fewest requests stands for
@@ -138,6 +139,9 @@ class Fleet:
     def _step(self, name: str, index: int, replica: _Replica) -> None:
         engine = replica.engine
         duration = engine.step()
+        host = self._tiers[name].fitted.host
+        if host is not None:  # the machine's speed at the step's start, as the log measured it
+            duration *= host(engine.clock)
         replica.busy = True
         self._order += 1
         heapq.heappush(self._events, (engine.clock + duration, self._order, index, name))

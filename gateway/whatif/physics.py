@@ -24,6 +24,14 @@ logged slow requests' time, not an independent draw (which, added to a simulated
 moves its median when both are wide and skewed, as llama.cpp's on a shared CPU are). A third map, `busy`, times how
 long the gateway's slot is held (the engine's last token onto the logged e2e). A tier the log never served uses
 all tiers' maps, pooled.
+
+A CPU-served tier (llama.cpp threads, `cpu_served`) runs on a machine whose speed the log shows varying over the
+window: each answer's hold (e2e less its queue wait) against what its engine would take for its tokens beside the
+requests the log shows on its replica moves over time, tens of seconds at a time, and on all the machine's replicas
+together (other work on the cores, the gateway and the clients on them). `HostSpeed` is that speed, measured from the
+log (`simulate.host_speeds`): each engine step of such a tier takes `HostSpeed(t)` times the profile's step, and its
+gateway slot is held to its engine's last token (no busy map: the hold's spread is the host's, at the time the log
+measured it, and the replicas' concurrency, not a rank).
 """
 
 from __future__ import annotations
@@ -104,6 +112,58 @@ class QuantileMap:
 
 
 @dataclass(frozen=True, slots=True)
+class HostSpeed:
+    """A machine's speed over the window, as the log measured it: the factor on an engine step's time from `cuts[i]`
+    to `cuts[i + 1]` (Unix seconds) is `factors[i]`, 1 (the machine's median speed) before the first cut and after the
+    last one. Fitted (`fit`) on the answers the log shows on the machine's replicas, each as (its replica's start,
+    its end, how much slower than its tier's median answer it ran for its tokens and its replica's concurrency): at
+    each moment, the geometric mean of the answers in flight (a ratio's average; each in-flight answer measured the
+    cores while it ran), 1 where none was."""
+
+    cuts: tuple[float, ...]
+    factors: tuple[float, ...]
+    samples: int
+
+    @classmethod
+    def fit(cls, spans: Sequence[tuple[float, float, float]]) -> HostSpeed | None:
+        """The speed from (start s, end s, slowdown) per answer; None below MIN_SAMPLES answers."""
+        spans = [(a, b, r) for a, b, r in spans if b > a and r > 0]
+        if len(spans) < MIN_SAMPLES:
+            return None
+        events = sorted([(a, 1, float(np.log(r))) for a, _, r in spans] +
+                        [(b, -1, -float(np.log(r))) for _, b, r in spans])
+        cuts: list[float] = []
+        factors: list[float] = []
+        count, total = 0, 0.0
+        for i, (at, step, log_ratio) in enumerate(events):
+            count += step
+            total += log_ratio
+            if i + 1 < len(events) and events[i + 1][0] == at:
+                continue  # all of one moment's starts and ends first
+            factor = float(np.exp(total / count)) if count > 0 else 1.0
+            if factors and factors[-1] == factor:
+                continue
+            cuts.append(at)
+            factors.append(factor)
+        return cls(tuple(cuts), tuple(factors), len(spans))
+
+    def __call__(self, t: float) -> float:
+        i = bisect.bisect_right(self.cuts, t) - 1
+        return self.factors[i] if i >= 0 else 1.0
+
+    def describe(self) -> dict[str, object]:
+        """The samples and the factor's range over the window (5th, 50th, 95th percentile of its time)."""
+        if len(self.cuts) < 2:
+            return {"samples": self.samples, "factor": list(self.factors)}
+        widths = np.diff(np.array(self.cuts))
+        order = np.argsort(self.factors[:-1])
+        factors, weights = np.array(self.factors[:-1])[order], np.cumsum(widths[order]) / widths.sum()
+        return {"samples": self.samples, "factor": {
+            f"p{q}": round(float(factors[min(len(factors) - 1, int(np.searchsorted(weights, q / 100)))]), 3)
+            for q in (5, 50, 95)}}
+
+
+@dataclass(frozen=True, slots=True)
 class Fitted:
     profile: Profile
     overhead_s: float
@@ -112,6 +172,7 @@ class Fitted:
     stream_map: QuantileMap | None = None  # a streamed request's first token (else + overhead_s); the gate's too
     whole_map: QuantileMap | None = None  # a whole answer's last token (else + overhead_s)
     busy_map: QuantileMap | None = None  # how long the gateway's slot is held: admission to the answer's end
+    host: HostSpeed | None = None  # a CPU-served tier's machine speed over the window: each step's time factor
 
     def describe(self) -> dict[str, object]:
         p = self.profile
@@ -120,7 +181,8 @@ class Fitted:
                 "overhead_ms": round(self.overhead_s * 1000, 3), "max_running": p.max_running,
                 **{f"{kind}_map": m.describe() for kind, m in (("stream", self.stream_map),
                                                                 ("whole", self.whole_map), ("busy", self.busy_map))
-                   if m is not None}}
+                   if m is not None},
+                **({"host_speed": self.host.describe()} if self.host is not None else {})}
 
 
 CPU_BATCH_SLOPE = 1.0  # llama.cpp on CPU threads: k sequences decoded together take about k times one's step

@@ -8,14 +8,16 @@ tier the scenario also chose is sent to the fleet, which decides again whether i
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import statistics
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, Tier
 from gateway.whatif.decide import HITS
 from gateway.whatif.fleet import Arrival, Fleet
-from gateway.whatif.physics import MIN_SAMPLES, Fitted, QuantileMap, Samples, cpu_served, fit
+from gateway.whatif.physics import MIN_SAMPLES, Fitted, HostSpeed, QuantileMap, Samples, cpu_served, fit
 from gateway.whatif.records import SHED, Logged
 from gateway.whatif.replay import RECORDED, Window
 from gateway.whatif.summary import Tally
@@ -29,6 +31,7 @@ class FleetFit:
 
     tpot_1: Mapping[str, float]
     maps: Mapping[tuple[str, str], QuantileMap]
+    hosts: Mapping[str, HostSpeed] = dataclasses.field(default_factory=dict)  # by machine (`machine`)
 
 
 POOLED = ""  # FleetFit.maps' tier of all tiers together
@@ -40,21 +43,91 @@ MAP_PASSES = 2  # fleet runs with the maps in place, each refitting them against
 def fitted_physics(config: GatewayConfig, samples: Mapping[str, Samples],
                    fleet: FleetFit = NO_FIT) -> dict[str, Fitted]:
     """Each chat tier of `config`'s routes with its physics fitted from the samples of its name, then `fleet`'s decode
-    speed and TTFT maps (a tier without its own map of a kind: all tiers' pooled)."""
-    fitted = {tier.name: fit(tier, samples.get(tier.name)) for tier in config.routes.tiers if tier.endpoint == "chat"}
+    speed and TTFT maps (a tier without its own map of a kind: all tiers' pooled); a CPU-served tier its machine's
+    speed over the window (`fleet.hosts`) and no busy map (`physics` module docstring)."""
+    tiers = {tier.name: tier for tier in config.routes.tiers if tier.endpoint == "chat"}
     maps = fleet.maps
     out = {}
-    for name, f in fitted.items():
+    for name, tier in tiers.items():
+        f = fit(tier, samples.get(name))
         tpot_1 = fleet.tpot_1.get(name)
         profile = f.profile if tpot_1 is None else dataclasses.replace(f.profile, tpot_1_s=tpot_1)
-        out[name] = _mapped(dataclasses.replace(f, profile=profile), name, maps)
+        host = fleet.hosts.get(machine(tier)) if cpu_served(tier) else None
+        out[name] = _mapped(dataclasses.replace(f, profile=profile, host=host), name, maps, cpu_served(tier))
     return out
 
 
-def _mapped(fitted: Fitted, name: str, maps: Mapping[tuple[str, str], QuantileMap]) -> Fitted:
-    """`fitted` with the tier's maps, else all tiers' pooled."""
+def _mapped(fitted: Fitted, name: str, maps: Mapping[tuple[str, str], QuantileMap], cpu: bool) -> Fitted:
+    """`fitted` with the tier's maps, else all tiers' pooled; a CPU-served tier (`cpu`) without a busy map."""
     stream, whole, busy = (maps.get((name, kind)) or maps.get((POOLED, kind)) for kind in KINDS)
-    return dataclasses.replace(fitted, stream_map=stream, whole_map=whole, busy_map=busy)
+    return dataclasses.replace(fitted, stream_map=stream, whole_map=whole, busy_map=None if cpu else busy)
+
+
+def machine(tier: Tier) -> str:
+    """The machine a tier's replicas run on: its first replica's URL host."""
+    url = tier.replicas[0].url if tier.replicas else ""
+    return urlsplit(url).hostname or url
+
+
+def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fitted]) -> dict[str, HostSpeed]:
+    """Each machine's speed over the window (`physics.HostSpeed`), from the answers the log shows on its CPU-served
+    tiers' replicas (`config`: the routes that produced the log). An answer ran on its replica from its admission
+    (arrival + queue wait) to its end (e2e); beside it, the other answers the log shows on that replica then (the
+    time-average of their number over its run, `c`). What its engine would take: its uncached prompt at the tier's
+    prefill speed and its output at tpot_1 x (1 + batch_slope x c) a token (`physics[tier]`: the engine's model of
+    one replica); its slowdown is its logged hold over that, divided by its tier's median slowdown (what the fleet
+    fit's decode speed takes up): > 1 when the machine ran it slower than the tier's typical answer."""
+    tiers = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
+    runs: dict[str, list[tuple[float, float]]] = {}  # by replica: every answer that occupied it
+    answers: list[tuple[str, str, float, float, Logged]] = []
+    for row in window.rows:
+        rec = row.rec
+        if rec.tier not in tiers or rec.backend is None or rec.cache in HITS or rec.e2e_ms <= rec.queue_ms:
+            continue
+        if not (rec.served or rec.status == 499):
+            continue
+        start, end = rec.arrival + rec.queue_ms / 1000, rec.arrival + rec.e2e_ms / 1000
+        runs.setdefault(rec.backend, []).append((start, end))
+        if rec.served:
+            answers.append((rec.tier, rec.backend, start, end, rec))
+    busy = {backend: _Occupancy(spans) for backend, spans in runs.items()}
+    slowdowns: dict[str, list[tuple[float, float, float]]] = {}
+    for name, backend, start, end, rec in answers:
+        p = physics[name].profile
+        beside = busy[backend].integral(start, end) / (end - start) - 1  # the answer itself is one
+        model = max(0, rec.prompt - rec.cached) / p.prefill_tps + \
+            max(1, rec.completion) * p.tpot_1_s * (1 + p.batch_slope * max(0.0, beside))
+        slowdowns.setdefault(name, []).append((start, end, (end - start) / model))
+    spans: dict[str, list[tuple[float, float, float]]] = {}
+    for name, values in slowdowns.items():
+        typical = statistics.median(r for _, _, r in values)
+        spans.setdefault(machine(tiers[name]), []).extend((a, b, r / typical) for a, b, r in values)
+    return {host: speed for host, values in spans.items() if (speed := HostSpeed.fit(values)) is not None}
+
+
+class _Occupancy:
+    """How many of `spans` (start, end) run at each moment, and its integral over an interval."""
+
+    def __init__(self, spans: list[tuple[float, float]]) -> None:
+        events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+        self.times: list[float] = []
+        self.counts: list[int] = []
+        self.before: list[float] = []  # the integral up to each time
+        count, total = 0, 0.0
+        for at, step in events:
+            if self.times:
+                total += self.counts[-1] * (at - self.times[-1])
+            count += step
+            self.times.append(at)
+            self.counts.append(count)
+            self.before.append(total)
+
+    def _upto(self, t: float) -> float:
+        i = bisect.bisect_right(self.times, t) - 1
+        return 0.0 if i < 0 else self.before[i] + self.counts[i] * (t - self.times[i])
+
+    def integral(self, start: float, end: float) -> float:
+        return self._upto(end) - self._upto(start)
 
 
 def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Samples]) -> FleetFit:
@@ -74,8 +147,18 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
        whole answer's last token onto its logged TTFT, and the engine's last token onto the logged end of the answer
        (e2e: how long the gateway held the slot); then MAP_PASSES times: the window again with the maps in place
        (the slots held longer and the admission gate's samples change the queue), the maps refitted on that run,
-       and a CPU-served tier's decode scaled again as in 1 (the maps changed the queue, so the engines' batches)."""
+       and a CPU-served tier's decode scaled again as in 1 (the maps changed the queue, so the engines' batches).
+
+    Before 1, each machine's speed over the window (`host_speeds`, from the log alone), in place in every run for its
+    CPU-served tiers, which get no busy map: their slots are held to the engine's last token, at the machine's
+    speed of the time (a rank map of the holds would give the log's slowest holds, which ran when the machine was
+    slow, to the requests the simulation finds slowest, its most concurrent ones: longer holds where the simulated
+    queue already is, and a queue the log did not have)."""
     physics = {name: dataclasses.replace(f, overhead_s=0.0) for name, f in fitted_physics(config, samples).items()}
+    cpu = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
+    hosts = host_speeds(config, window, physics)
+    for name, cpu_tier in cpu.items():
+        physics[name] = dataclasses.replace(physics[name], host=hosts.get(machine(cpu_tier)))
     arrivals: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
         rec = row.rec
@@ -84,7 +167,7 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
                                           rec.completion, rec.stream)))
     tpot_1: dict[str, float] = {}
     maps: dict[tuple[str, str], QuantileMap] = {}
-    by_hold = {tier.name for tier in config.routes.tiers if cpu_served(tier)}  # decode fitted on the slot's hold
+    by_hold = set(cpu)  # decode fitted on the slot's hold
     for step in range(2 + MAP_PASSES):
         runs = [(rec, dataclasses.replace(a)) for rec, a in arrivals]
         Fleet(config.routes, physics).run(a for _, a in runs)
@@ -98,8 +181,10 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
                     ratios.setdefault(arrival.tier, []).append((rec.e2e_ms - rec.queue_ms) / 1000 / arrival.done_s)
             elif rec.stream and rec.tpot_ms is not None and arrival.tpot_ms:
                 ratios.setdefault(arrival.tier, []).append(rec.tpot_ms / arrival.tpot_ms)
-            pairs: list[tuple[str, float | None, float | None]] = [("busy", arrival.done_s, rec.e2e_ms)]
-            pairs.append(("stream" if rec.stream else "whole", arrival.sim_s, rec.ttft_ms))
+            pairs: list[tuple[str, float | None, float | None]] = [("stream" if rec.stream else "whole",
+                                                                    arrival.sim_s, rec.ttft_ms)]
+            if arrival.tier not in by_hold:
+                pairs.append(("busy", arrival.done_s, rec.e2e_ms))
             for kind, sim_s, logged_ms in pairs:  # from admission, in both
                 if sim_s is None or logged_ms is None:
                     continue
@@ -116,8 +201,8 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
         if step == 0:
             continue
         maps = {key: m for key, (sim, logged) in found.items() if (m := QuantileMap.fit(sim, logged)) is not None}
-        physics = {name: _mapped(f, name, maps) for name, f in physics.items()}
-    return FleetFit(tpot_1, maps)
+        physics = {name: _mapped(f, name, maps, name in by_hold) for name, f in physics.items()}
+    return FleetFit(tpot_1, maps, hosts)
 
 
 def record_window(window: Window, tally: Tally) -> None:

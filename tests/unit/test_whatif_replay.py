@@ -341,3 +341,59 @@ def test_a_cpu_served_tier_holds_its_slots_as_long_as_the_log_held_them() -> Non
     done = sorted(a.done_s for a in arrivals if a.done_s is not None)
     assert len(done) == 60 and done[30] == pytest.approx(0.5, rel=0.05)  # the logged median hold
     assert max(a.waited_s for a in arrivals) == 0.0  # as logged (streamed TPOT: ~0.2 s after each whole answer)
+
+
+def test_a_host_speed_is_the_geometric_mean_of_the_answers_in_flight() -> None:
+    from gateway.whatif.physics import HostSpeed
+
+    speed = HostSpeed.fit([(0.0, 2.0, 2.0), (1.0, 3.0, 0.5), (5.0, 6.0, 4.0), (7.0, 8.0, 1.0), (7.0, 8.0, 1.0)])
+    assert speed is not None and speed.samples == 5
+    assert speed(0.5) == pytest.approx(2.0) and speed(1.5) == pytest.approx(1.0)  # sqrt(2 x 0.5)
+    assert speed(2.5) == pytest.approx(0.5) and speed(5.5) == pytest.approx(4.0)
+    assert speed(-1.0) == speed(4.0) == speed(7.5) == speed(9.0) == 1.0  # before, between and after: none in flight
+    assert HostSpeed.fit([(0.0, 1.0, 2.0)] * 4) is None  # below MIN_SAMPLES
+
+
+def _cpu_tier(parallel: int = 1) -> Any:
+    from gateway.config import Tier
+
+    return Tier.model_validate({
+        "name": "small", "precision": "int4", "context_window": 2048, "slots_per_replica": parallel,
+        "prices": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+        "replicas": [{"name": "small-a", "url": "http://127.0.0.1:9/v1", "model": "m",
+                      "launch": {"kind": "llama_cpp", "model": "gemma3-270m-q4_k_m", "parallel": parallel}}]})
+
+
+def test_a_cpu_served_tier_runs_at_the_speed_the_log_measured_at_the_time() -> None:
+    """The same load (one answer of the same size a second, one slot) on a machine that ran it in 0.5 s for half a
+    minute, then in 1.5 s (other work on the cores): the log has no queue, then one that grows 0.5 s a request. The
+    replay queues where and as much as the log did: each llama.cpp step at the machine's speed of its time, the slot
+    held to the engine's last token. (A rank map of the holds gives every request, alike to the engine, the logged
+    mean, 1 s: no queue at all.)"""
+    from gateway.whatif.replay import Row, Window
+    from gateway.whatif.simulate import fit_fleet, fitted_physics
+
+    cfg = gateway_config([_cpu_tier()], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]},
+                         admission={"initial_limit": 1, "min_limit": 1, "max_queue": 100, "max_wait_ms": 60_000})
+    rows, free, queued = [], 0.0, []
+    for n in range(60):
+        hold = 0.5 if n < 30 else 1.5
+        start = max(float(n), free)
+        free = start + hold
+        queued.append(start - n)
+        e2e = (free - n) * 1000
+        rec = line(n, stream=False, ttft_ms=e2e, tpot_ms=None, e2e_ms=e2e, queue_ms=(start - n) * 1000,
+                   completion_tokens=20, backend="small-a")
+        rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+    window = Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+    fleet = fit_fleet(cfg, window, {})
+    assert fleet.hosts["127.0.0.1"](rows[10].rec.arrival + 0.1) == pytest.approx(0.5, rel=0.01)
+    assert fleet.hosts["127.0.0.1"](rows[50].rec.arrival + 0.1) == pytest.approx(1.5, rel=0.01)
+    physics = fitted_physics(cfg, {}, fleet)
+    assert physics["small"].busy_map is None and physics["small"].host is not None
+    arrivals = [Arrival(r.rec.arrival, "t", "small", 100, 20, False) for r in rows]
+    Fleet(cfg.routes, physics).run(arrivals)
+    assert max(a.waited_s for a in arrivals[:30]) < 0.01
+    assert queued[-1] == pytest.approx(14.5)
+    for arrival, logged in zip(arrivals[30:], queued[30:], strict=True):
+        assert arrival.waited_s == pytest.approx(logged, abs=0.25)
