@@ -35,7 +35,9 @@ NOT_MODELLED = (
     "a conversation continued from a reply the gateway did not give (the replay links turns by the conversation "
     "through the reply, not by the reply's text) and sessions on lines written before turn_keys (replay 1); "
     "semantic cache hits on a tier other than the logged one; prefix-cache hits beyond the logged ones (a request "
-    "moved to another tier is prefilled whole); output lengths on another tier (the logged ones)")
+    "moved to another tier is prefilled whole); output lengths on another tier (the logged ones); "
+    "a CPU-served (llama.cpp) machine's speed under the candidate's load (it runs as fast as the log measured it "
+    "at each moment: a policy that takes load off the machine is predicted as slow as the log ran)")
 
 
 def parser() -> argparse.ArgumentParser:
