@@ -8,15 +8,14 @@ status, error), a replay re-decides the request under other routes and policies:
     replay             the version of these fields (REPLAY_VERSION); a line without it is replayed for price only
     arrival_s          the Unix time the request arrived (ts to the microsecond, as a number)
     quality_predicted  the quality predictor's score per measured model ({model: score}), when it ran
-    conversation       the conversation's id (`gateway.routing.sessions.session_id`: a hash, tenant-scoped),
-                       whatever the tenant's sessions rule (for reports; the replay's sessions follow `turn_keys`)
     turn_keys          the turn's place in its conversation, as the session step keys it (`conversation_keys`), whatever
                        the tenant's sessions rule, so a policy that turns sessions on can be replayed: `current`, the
                        digest of the conversation through this request's last message, and `parent`, the digest
                        through the message before its last assistant reply (null: a first turn), which is the
                        `current` of the turn that reply answered; with an x-session-id both are its session key
     sticky             the experiment assignment keys (`gateway.experiments.assign.sticky_key`: 64-bit hashes) by
-                       conversation and by `user`: a replay re-assigns arms under the candidate's experiments
+                       conversation and by `user`: a replay re-assigns arms under the candidate's experiments (the
+                       conversation's key also names it in reports: tenant, system prompt and first user message)
     reading            the request's reading summed up: input_tokens (estimate) and input_chars (the prompt caps),
                        outputs (prompts x n), generated (prompts x max(n, best_of)), cacheable ("never",
                        "deterministic": cached in either mode, "always": only in mode always) and digest (of the
@@ -34,11 +33,11 @@ from gateway.cache.keys import cache_class
 from gateway.context import RequestContext
 from gateway.experiments.assign import conversation_key, conversation_texts, user_key
 from gateway.reading import Reading
-from gateway.routing.sessions import MESSAGE_ROLES, conversation_id, header_key
+from gateway.routing.sessions import MESSAGE_ROLES, header_key
 from gateway.routing.sessions import update_digest as _digest_part  # the session step's own digest of a message part
 
 REPLAY_VERSION = 2  # 2: turn_keys
-NO_CONVERSATION: dict[str, Any] = {"conversation": None, "sticky": None, "turn_keys": None}
+NO_CONVERSATION: dict[str, Any] = {"sticky": None, "turn_keys": None}
 
 
 def replay_fields(ctx: RequestContext) -> dict[str, Any]:
@@ -60,13 +59,11 @@ def replay_fields(ctx: RequestContext) -> dict[str, Any]:
 
 
 def _conversation_fields(ctx: RequestContext, fields: dict[str, Any]) -> None:
-    """`conversation`, `sticky` and `turn_keys` of a chat or completion into `fields`, its opening texts read once."""
+    """`sticky` and `turn_keys` of a chat or completion into `fields`."""
     tenant, body = ctx.tenant_name, ctx.body
     system, first = conversation_texts(body)
     user = body.get("user")
     user = user if type(user) is str else ""
-    fields["conversation"] = ctx.route.session or (header_key(tenant, ctx.session_header) if ctx.session_header
-                                                   else conversation_id(tenant, user, system, first))
     fields["sticky"] = {"conversation": conversation_key(tenant, system, first),
                         "user": user_key(tenant, user) if user else None}
     fields["turn_keys"] = _turn_keys(tenant, ctx)

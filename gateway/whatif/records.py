@@ -81,7 +81,6 @@ class Logged:
         self.spill_forecasts: tuple[tuple[str, float], ...] = () if not spill else tuple(
             (f["tier"], f["ttft_ms"]) for f in (spill.get("from"), spill.get("to"))
             if f and f.get("ttft_ms") is not None)
-        self.conversation: str | None = obj.get("conversation")
         sticky = obj.get("sticky") or {}
         self.sticky_conversation: int | None = sticky.get("conversation")
         self.sticky_user: int | None = sticky.get("user")

@@ -54,7 +54,6 @@ def replayable(line: bytes, n: int) -> bytes:
     obj.update({
         "path": "/v1/chat/completions", "replay": 2,
         "turn_keys": {"parent": turn_key(turn - 1) if turn else None, "current": turn_key(turn)},
-        "conversation": blake2b(key, digest_size=16).hexdigest(),
         "sticky": {"conversation": int.from_bytes(key, "little"), "user": None},
         "reading": {"input_tokens": obj["prompt_tokens"], "input_chars": 4 * obj["prompt_tokens"], "outputs": 1,
                     "generated": 1, "cacheable": "deterministic" if n % 5 == 0 else "never",

@@ -35,7 +35,7 @@ KEYS = [
     "attempts", "prefix_blocks", "output_capped", "finish_reason",
     "cache", "cost_usd", "avoided_cost_usd", "baseline_cost_usd", "saved_usd", "ttft_slo_ms", "resumed", "parts",
     "session", "session_route", "experiment", "arm",
-    "arm_control", "replay", "arrival_s", "quality_predicted", "conversation", "sticky", "turn_keys", "reading",
+    "arm_control", "replay", "arrival_s", "quality_predicted", "sticky", "turn_keys", "reading",
     "decode_tps",
     "event", "level",
 ]  # the order the structlog call wrote them in, which readers of the file may rely on

@@ -38,7 +38,7 @@ def line(n: int = 0, **over: Any) -> Logged:
         "tier": "small", "status": 200, "outcome": "ok", "stream": True, "prompt_tokens": 100,
         "completion_tokens": 50, "cached_tokens": 0, "max_tokens": 64, "cache": "miss", "ttft_ms": 20.0,
         "tpot_ms": 7.0, "e2e_ms": 400.0, "cost_usd": 0.0002, "priced_from": "backend_usage", "replay": 1,
-        "conversation": f"c{n}", "sticky": {"conversation": n, "user": None},
+        "sticky": {"conversation": n, "user": None},
         "reading": {"input_tokens": 100, "input_chars": 400, "outputs": 1, "generated": 1,
                     "cacheable": "deterministic", "digest": f"{n:016x}"},
     }
