@@ -8,7 +8,7 @@ import hmac
 import orjson
 from aiohttp import web
 
-from gateway.edge.accounted import refuse
+from gateway.edge.accounted import accounted, refuse
 from gateway.state import GATEWAY, Gateway
 from gateway.body import read_body
 from gateway.edge.keys import bearer
@@ -21,8 +21,8 @@ JSON = "application/json"
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/admin/config", admin_config)
-    app.router.add_post("/admin/explain", admin_explain)
+    app.router.add_get("/admin/config", accounted(admin_config))
+    app.router.add_post("/admin/explain", accounted(admin_explain))
 
 
 def _check_admin(request: web.Request, gateway: Gateway) -> None:

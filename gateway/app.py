@@ -27,6 +27,7 @@ from gateway.client_limits import ClientLimits
 from gateway.config import GatewayConfig
 from gateway.config.reload import ConfigReloader
 from gateway.dashboard import routes as dashboard
+from gateway.edge.accounted import unaccounted
 from gateway.experiments.feedback import FeedbackLimiter, FeedbackStore, RequestOwners
 from gateway.experiments.serving import (
     BackgroundEncoder, GatewaySend, OwnerRecorder, ShadowTap, admission_pressure,
@@ -115,6 +116,8 @@ def create_app(
     admin.add_routes(app)
     dashboard.add_routes(app)
     http.add_routes(app)  # last: its catch-all answers unknown paths
+    if missing := unaccounted(app):  # every answer gets its line (gateway.edge.accounted)
+        raise RuntimeError(f"routes that would write no request line: {', '.join(missing)}")
     return app
 
 

@@ -12,7 +12,7 @@ import structlog
 from aiohttp import web
 
 from gateway.edge.accounted import (
-    account_edge, account_refusal, edge_context, new_context, probe, refuse, self_accounted,
+    account_refusal, accounted, edge_context, new_context, probe, refuse, self_accounted,
 )
 from gateway.backends.tier_health import backends_health
 from gateway.body import JSON, read_body
@@ -42,23 +42,22 @@ log = structlog.get_logger("gateway.http")
 
 
 def add_routes(app: web.Application) -> None:
-    """The gateway's endpoints, and the middleware that logs the answer of those outside the request path."""
-    app.middlewares.append(account_edge)
+    """The gateway's endpoints: the request path's, which log their own answers, and the others, `accounted`."""
     on_refusal: OnRefusal = partial(account_refusal, app)  # requests aiohttp's parser refuses (gateway.edge.server)
     app[ON_REFUSAL] = on_refusal
     app.router.add_post("/v1/chat/completions", self_accounted(chat_completions))
     app.router.add_post("/v1/completions", self_accounted(completions))
     app.router.add_post("/v1/embeddings", self_accounted(embeddings))
-    app.router.add_post("/v1/feedback", feedback)
+    app.router.add_post("/v1/feedback", accounted(feedback))
     for path, wire in WIRES.items():
         app.router.add_post(path, self_accounted(_translated(wire)))
-    app.router.add_post(COUNT_TOKENS, count_message_tokens)
-    app.router.add_get("/v1/models", models)
+    app.router.add_post(COUNT_TOKENS, accounted(count_message_tokens))
+    app.router.add_get("/v1/models", accounted(models))
     app.router.add_get("/healthz", probe(healthz))
     app.router.add_get("/readyz", probe(readyz))
     app.router.add_get("/metrics", probe(metrics))
-    app.router.add_get("/openapi.json", openapi)
-    app.router.add_route("*", "/{tail:.*}", not_found)
+    app.router.add_get("/openapi.json", accounted(openapi))
+    app.router.add_route("*", "/{tail:.*}", accounted(not_found))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -28,9 +28,11 @@ from aiohttp import web
 from gateway.state import GATEWAY, Gateway
 from gateway.dashboard.replicas import replica_rows
 from gateway.dashboard.snapshot import snapshot
-from gateway.errors import AuthenticationFailed, error_body
+from gateway.edge.accounted import accounted, refuse
+from gateway.errors import AuthenticationFailed, NotFound, error_body
 
 STATIC = Path(__file__).parent / "static"
+STATIC_FILES = {path.name: path for path in STATIC.iterdir() if path.is_file()}
 COOKIE = "gateway_dashboard"
 SESSION_TTL_S = 8 * 3600
 MAX_SESSIONS = 10_000
@@ -90,11 +92,20 @@ SESSIONS = web.AppKey("dashboard_sessions", DashboardSessions)
 
 def add_routes(app: web.Application) -> None:
     app[SESSIONS] = DashboardSessions()
-    app.router.add_get("/dashboard", page)
-    app.router.add_post("/dashboard/login", login)
-    app.router.add_post("/dashboard/logout", logout)
-    app.router.add_get("/dashboard/data.json", data)
-    app.router.add_static("/dashboard/static", STATIC)
+    app.router.add_get("/dashboard", accounted(page))
+    app.router.add_post("/dashboard/login", accounted(login))
+    app.router.add_post("/dashboard/logout", accounted(logout))
+    app.router.add_get("/dashboard/data.json", accounted(data))
+    app.router.add_get("/dashboard/static/{name}", accounted(static_file))
+
+
+async def static_file(request: web.Request) -> web.StreamResponse:
+    """One of the dashboard's own files (the page's script, styles and the plotting library), by name only: no
+    other path can be asked for."""
+    path = STATIC_FILES.get(request.match_info["name"])
+    if path is None:
+        return refuse(request, NotFound(f"no dashboard file {request.match_info['name'][:64]!r}"))
+    return web.FileResponse(path)
 
 
 def _digest(key: str) -> str:

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from gateway.app import create_app
 from gateway.context import RequestContext
-from gateway.stages.embed import EmbedStage
+from gateway.routing.ranking import RankStage
 from gateway.testing import TEST_API_KEY, content, gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
 
@@ -38,15 +38,15 @@ async def request_line(logs: list[dict[str, Any]], timeout_s: float = 5.0) -> di
 
 async def gateway_whose_path_raises(start_emulator: StartEmulator, start_app: StartApp,
                                     monkeypatch: pytest.MonkeyPatch, error: BaseException) -> str:
-    """A gateway whose request path raises `error` in a stage (the embed stage, which every request passes
+    """A gateway whose request path raises `error` in a stage (the ranking, which every routed request passes
     through): what a stage's bug, or the client's socket failing under a stage, looks like to the edge."""
     emulator = await start_emulator()
     url = await start_app(create_app(gateway_config([tier("t", [f"{emulator.url}/v1"])])))
 
-    async def raising(self: EmbedStage, ctx: RequestContext) -> Any:
+    async def raising(self: RankStage, ctx: RequestContext) -> Any:
         raise error
 
-    monkeypatch.setattr(EmbedStage, "__call__", raising)
+    monkeypatch.setattr(RankStage, "__call__", raising)
     return url
 
 
