@@ -45,9 +45,9 @@ def add_routes(app: web.Application) -> None:
     """The gateway's endpoints: the request path's, which log their own answers, and the others, `accounted`."""
     on_refusal: OnRefusal = partial(account_refusal, app)  # requests aiohttp's parser refuses (gateway.edge.server)
     app[ON_REFUSAL] = on_refusal
-    app.router.add_post("/v1/chat/completions", self_accounted(chat_completions))
-    app.router.add_post("/v1/completions", self_accounted(completions))
-    app.router.add_post("/v1/embeddings", self_accounted(embeddings))
+    app.router.add_post("/v1/chat/completions", self_accounted(partial(serve, endpoint="chat")))
+    app.router.add_post("/v1/completions", self_accounted(partial(serve, endpoint="completions")))
+    app.router.add_post("/v1/embeddings", self_accounted(partial(serve, endpoint="embeddings")))
     app.router.add_post("/v1/feedback", accounted(feedback))
     for path, wire in WIRES.items():
         app.router.add_post(path, self_accounted(_translated(wire)))
@@ -60,19 +60,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_route("*", "/{tail:.*}", accounted(not_found))
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await serve(request, "chat")
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await serve(request, "completions")
-
-
+# The request path's handlers are `serve` itself with the endpoint bound (a partial, not a coroutine around it:
+# one frame less on every request and every resume of it; aiohttp takes a partial of a coroutine function).
 def _translated(wire: Wire) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await serve(request, "chat", wire)
-
-    return handler
+    return partial(serve, endpoint="chat", wire=wire)
 
 
 async def count_message_tokens(request: web.Request) -> web.Response:
@@ -90,10 +81,6 @@ async def count_message_tokens(request: web.Request) -> web.Response:
     except GatewayError as err:
         return refuse(request, err, wire)
     return web.Response(body=body, content_type=JSON, headers={"x-request-id": ctx.request_id})
-
-
-async def embeddings(request: web.Request) -> web.StreamResponse:
-    return await serve(request, "embeddings")
 
 
 async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = None) -> web.StreamResponse:

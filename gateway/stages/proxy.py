@@ -4,6 +4,9 @@ chunk by chunk (the output cap mid-stream; after the first byte, a broken stream
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
+from typing import Any
+
 from gateway.context import RequestContext
 from gateway.types import Reply
 from gateway.upstream.hop import UpstreamHop
@@ -13,5 +16,5 @@ class ProxyStage:
     def __init__(self, hop: UpstreamHop) -> None:
         self.hop = hop
 
-    async def __call__(self, ctx: RequestContext) -> Reply | None:
-        return await self.hop.answer(ctx)
+    def __call__(self, ctx: RequestContext) -> Coroutine[Any, Any, Reply]:
+        return self.hop.answer(ctx)  # the hop's coroutine itself: no frame around it

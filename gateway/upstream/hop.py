@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -58,9 +58,9 @@ class UpstreamHop:
         # a broken stream goes on elsewhere
         self.resumes = StreamResumes(client, pool, metrics, count_tokens, counters or TokenCounters())
 
-    async def answer(self, ctx: RequestContext) -> Reply:
-        """The answer of the first of the request's candidates that gives one."""
-        return await failover(ctx, self._pool, self._metrics, lambda replica: self._attempt(ctx, replica))
+    def answer(self, ctx: RequestContext) -> Coroutine[Any, Any, Reply]:
+        """The answer of the first of the request's candidates that gives one (`failover`'s coroutine itself)."""
+        return failover(ctx, self._pool, self._metrics, lambda replica: self._attempt(ctx, replica))
 
     async def _attempt(self, ctx: RequestContext, replica: Replica) -> Reply:
         """One replica's try (see `Attempt`); a client that leaves before the answer came leaves work, priced."""
