@@ -79,7 +79,11 @@ def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None
     if reading is None:
         return None
     parts = reading.parts
-    last_reply = next((part.turn for part in reversed(parts) if part.role == "assistant"), -1)  # turns only grow
+    last_reply = -1
+    for part in reversed(parts):  # turns only grow: the last assistant part is the last reply's
+        if part.role == "assistant":
+            last_reply = part.turn
+            break
     digest = blake2b(tenant.encode() + b"\x00v", digest_size=16)
     parent = None
     for part in parts:
