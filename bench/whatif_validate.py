@@ -123,7 +123,8 @@ def local_routes(folder: Path) -> Path:
 
 
 def main_local(args: argparse.Namespace) -> int:
-    """The same comparison on make run's llama.cpp tiers (llama-server children, fresh per run)."""
+    """The same comparison on make run's llama.cpp tiers (llama-server children): sequential runs on fresh
+    backends each, or (`--interleave S`) both policies' gateways on one set of backends, block by block."""
     from gateway.config.loader import load_routes
     from gateway.local.children import start_children, stop_children, wait_healthy
 
@@ -144,7 +145,15 @@ def main_local(args: argparse.Namespace) -> int:
             pol["default_tier"] = "small-q4"
             pol["max_tokens"] = {"default": 64, "maximum": args.max_out}
             (folder / f"policy-{name}.yaml").write_text(yaml.safe_dump(pol))
-        for name in LOCAL_SCENARIOS:
+        if args.interleave:
+            children = start_children(load_routes(routes_file), folder / "llama")
+            try:
+                asyncio.run(wait_healthy(children, timeout_s=300))
+                statuses = interleaved(procs, folder, table, load, args.interleave)
+            finally:
+                procs.close()
+                stop_children(children)
+        for name in LOCAL_SCENARIOS if not args.interleave else ():
             children = start_children(load_routes(routes_file), folder / f"llama-{name}")
             try:
                 asyncio.run(wait_healthy(children, timeout_s=300))
@@ -159,10 +168,54 @@ def main_local(args: argparse.Namespace) -> int:
         return 130
     meta = {"command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "pinning": "no pinning (llama-server threads, gateway and load generator share the CPUs)",
-            "load_before": load_before, "load_after": os.getloadavg(), "statuses": statuses, "stack": "local"}
+            "load_before": load_before, "load_after": os.getloadavg(), "statuses": statuses, "stack": "local",
+            "interleave_s": args.interleave}
     (folder / "runs.json").write_text(json.dumps(meta, indent=1))
     print(markdown(analyse(folder, meta)))
     return 0
+
+
+def blocks(load: list[Any], block_s: float) -> list[list[Any]]:
+    """The workload cut into `block_s`-second blocks of its offsets, each block's offsets from its own start."""
+    out: list[list[Any]] = []
+    for at, *rest in load:
+        k = int(at // block_s)
+        while len(out) <= k:
+            out.append([])
+        out[k].append((at - k * block_s, *rest))
+    return [block for block in out if block]
+
+
+def interleaved(procs: Procs, folder: Path, table: Path, load: list[Any], block_s: float) -> dict[str, dict[str, int]]:
+    """Runs A and B interleaved on the same llama.cpp servers (started once): the workload in `block_s`-second
+    blocks, each block sent to A's gateway then to B's (B then A every other block: a drift within a pair of blocks
+    weighs on both alike), each send starting at PHASE_S into a UTC minute once the last one's answers are all in
+    (so a block under PHASE_S + block_s <= 60 meets one rate-limit window, in the run and in the replay alike). Each
+    gateway serves its own blocks only, so each log is one policy's answer to the whole workload, and the machine's
+    other work (which no log shows) is the same for both to within a minute."""
+    ports: dict[str, int] = {}
+    gateways = {}
+    for name in LOCAL_SCENARIOS:
+        ports[name], log = free_port(), folder / f"requests-{name}.log"
+        log.unlink(missing_ok=True)
+        argv = [sys.executable, str(Path(__file__).resolve()), "--gateway-child", "--routes",
+                str(folder / f"routes-{name}.yaml"), "--policies", str(folder / f"policy-{name}.yaml"),
+                "--table", str(table), "--port", str(ports[name]), "--log-file", str(log)]
+        gateways[name] = procs.start(f"gateway-{name}", argv, None, folder / f"gateway-{name}.out")
+        wait_gateway(ports[name], gateways[name])
+    statuses: dict[str, dict[str, int]] = {name: {} for name in LOCAL_SCENARIOS}
+    parts = blocks(load, block_s)
+    for k, part in enumerate(parts):
+        order = list(LOCAL_SCENARIOS) if k % 2 == 0 else list(reversed(LOCAL_SCENARIOS))
+        for name in order:
+            print(f"block {k + 1}/{len(parts)}, policy {name}: {len(part)} requests ...", file=sys.stderr)
+            for status, count in asyncio.run(send_load(f"http://127.0.0.1:{ports[name]}", part)).items():
+                statuses[name][status] = statuses[name].get(status, 0) + count
+    for name, gateway in gateways.items():
+        gateway.terminate()  # drains, then the log is flushed and closed
+        gateway.wait(timeout=60)
+        print(f"run {name}: statuses {statuses[name]}; {load_line()}", file=sys.stderr)
+    return statuses
 
 
 # --- the gateway process (`--gateway-child`): `gateway serve`'s app with a table for a difficulty classifier ---
@@ -381,6 +434,9 @@ def main() -> int:
     parser.add_argument("--stack", choices=("emulator", "local"), default="emulator",
                         help="local: make run's llama.cpp tiers (routes/local.yaml), policies A and B only")
     parser.add_argument("--max-out", type=int, default=512, help="max_tokens at most (local: use 64)")
+    parser.add_argument("--interleave", type=float, default=0.0, metavar="S",
+                        help="local: runs A and B interleaved in S-second blocks of the workload on the same "
+                             "servers (S + 5 <= 60; 0: one run after the other, fresh servers each)")
     parser.add_argument("--analyse", action="store_true",
                         help="no runs: `gateway whatif` again on the logs of an earlier run in --out")
     parser.add_argument("--gateway-child", action="store_true", help=argparse.SUPPRESS)
@@ -390,6 +446,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.gateway_child:
         return serve_child(args)
+    if args.interleave and not 0 < args.interleave <= 60 - PHASE_S:
+        parser.error(f"--interleave: a block fits one minute's rate-limit window, 0 < S <= {60 - PHASE_S:g}")
     if args.analyse:
         print(markdown(analyse(args.out, json.loads((args.out / "runs.json").read_text()))))
         return 0

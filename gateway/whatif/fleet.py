@@ -14,7 +14,9 @@ the first byte to the client, and a whole answer arrives at once). The gateway's
 the answer's end, through the tier's busy map (the logged time at the engine's time's rank; never shorter than
 the engine's): on a CPU the replicas share, an answer takes longer than one replica's engine says, and the queue
 behind it waits. A CPU-served tier (`physics.cpu_served`) has no busy map: its engine's steps run at the machine's
-speed the log measured at that time (`physics.HostSpeed`), and its slot is held to the engine's last token.
+speed (`physics.HostSpeed.step`): slower by the fitted contention for each other replica of the machine (its URL
+host) busy at the step's start in this simulation (the candidate's own load), times the external speed the log
+measured at that time; its slot is held to the engine's last token.
 
 The gate's limit is fed each request's first token (for a whole answer too, as the gateway's estimate of it is).
 Not modelled, said in the report: prefix affinity and the predicted-TTFT ranking (fewest requests stands for
@@ -33,7 +35,7 @@ from gateway.config import RoutesConfig
 from gateway.config.routes import Admission
 from gateway.emulator.engine import Engine
 from gateway.emulator.sequence import Sequence, SeqState
-from gateway.whatif.physics import Fitted
+from gateway.whatif.physics import Fitted, machine
 
 
 RELEASE = -1  # an event's replica index when it frees a gateway slot, not a replica's step
@@ -99,6 +101,12 @@ class Fleet:
             capacity = None if tier.slots_per_replica is None else tier.slots_per_replica * len(tier.replicas)
             admission = routes.admission
             self._tiers[tier.name] = _Tier(admission, engines, fitted, capacity, GradientLimit(admission.initial_limit))
+        hosts: dict[str, list[_Replica]] = {}
+        for tier in routes.tiers:
+            if tier.name in self._tiers and self._tiers[tier.name].fitted.host is not None:
+                hosts.setdefault(machine(tier), []).extend(self._tiers[tier.name].replicas)
+        # each CPU-served replica's machine-mates: the replicas whose busy steps slow its own (`HostSpeed.step`)
+        self._mates = {id(r): [o for o in mates if o is not r] for mates in hosts.values() for r in mates}
         self.admission_on = routes.admission.enabled
 
     def run(self, arrivals: Iterable[Arrival]) -> None:
@@ -140,8 +148,8 @@ class Fleet:
         engine = replica.engine
         duration = engine.step()
         host = self._tiers[name].fitted.host
-        if host is not None:  # the machine's speed at the step's start, as the log measured it
-            duration *= host(engine.clock)
+        if host is not None:  # the machine's other replicas busy now, at its external speed of the time
+            duration *= host.step(engine.clock, sum(other.busy for other in self._mates[id(replica)]))
         replica.busy = True
         self._order += 1
         heapq.heappush(self._events, (engine.clock + duration, self._order, index, name))

@@ -41,6 +41,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -113,20 +114,26 @@ class QuantileMap:
 
 @dataclass(frozen=True, slots=True)
 class HostSpeed:
-    """A machine's speed over the window, as the log measured it: the factor on an engine step's time from `cuts[i]`
-    to `cuts[i + 1]` (Unix seconds) is `factors[i]`, 1 (the machine's median speed) before the first cut and after the
-    last one. Fitted (`fit`) on the answers the log shows on the machine's replicas, each as (its replica's start,
-    its end, how much slower than its tier's median answer it ran for its tokens and its replica's concurrency): at
+    """A machine's speed over the window, as the log measured it, in two parts. `contention`: the gateway's own load
+    on the machine's cores, which a candidate policy changes: each other replica of the machine busy at once adds
+    `contention` to a step's time (h: 1 + h x the others busy; `fit_contention`). The rest is the machine's
+    external speed at the time, which a policy does not change (other tenants' work on its cores): the factor on an
+    engine step's time from `cuts[i]` to `cuts[i + 1]` (Unix seconds) is `factors[i]`, 1 (the machine's median
+    speed) before the first cut and after the last one. Fitted (`fit`) on the answers the log shows on the
+    machine's replicas, each as (its replica's start, its end, how much slower than its tier's median answer it ran
+    for its tokens, its replica's concurrency and, divided out, the machine's other replicas busy meanwhile): at
     each moment, the geometric mean of the answers in flight (a ratio's average; each in-flight answer measured the
-    cores while it ran), 1 where none was."""
+    cores while it ran), 1 where none was. `step` is the factor on a step: both parts."""
 
     cuts: tuple[float, ...]
     factors: tuple[float, ...]
     samples: int
+    contention: float = 0.0
 
     @classmethod
-    def fit(cls, spans: Sequence[tuple[float, float, float]]) -> HostSpeed | None:
-        """The speed from (start s, end s, slowdown) per answer; None below MIN_SAMPLES answers."""
+    def fit(cls, spans: Sequence[tuple[float, float, float]], contention: float = 0.0) -> HostSpeed | None:
+        """The speed from (start s, end s, slowdown less the contention's) per answer; None below MIN_SAMPLES
+        answers."""
         spans = [(a, b, r) for a, b, r in spans if b > a and r > 0]
         if len(spans) < MIN_SAMPLES:
             return None
@@ -145,22 +152,63 @@ class HostSpeed:
                 continue
             cuts.append(at)
             factors.append(factor)
-        return cls(tuple(cuts), tuple(factors), len(spans))
+        return cls(tuple(cuts), tuple(factors), len(spans), contention)
+
+    def step(self, t: float, others: float) -> float:
+        """The factor on a step's time that starts at `t` with `others` of the machine's other replicas busy."""
+        return (1 + self.contention * others) * self(t)
 
     def __call__(self, t: float) -> float:
         i = bisect.bisect_right(self.cuts, t) - 1
         return self.factors[i] if i >= 0 else 1.0
 
     def describe(self) -> dict[str, object]:
-        """The samples and the factor's range over the window (5th, 50th, 95th percentile of its time)."""
+        """The samples, the contention and the external factor's range over the window (5th, 50th, 95th percentile
+        of its time)."""
         if len(self.cuts) < 2:
-            return {"samples": self.samples, "factor": list(self.factors)}
+            return {"samples": self.samples, "contention": self.contention, "factor": list(self.factors)}
         widths = np.diff(np.array(self.cuts))
         order = np.argsort(self.factors[:-1])
         factors, weights = np.array(self.factors[:-1])[order], np.cumsum(widths[order]) / widths.sum()
-        return {"samples": self.samples, "factor": {
+        return {"samples": self.samples, "contention": self.contention, "factor": {
             f"p{q}": round(float(factors[min(len(factors) - 1, int(np.searchsorted(weights, q / 100)))]), 3)
             for q in (5, 50, 95)}}
+
+
+CONTENTION_MAX = 1.0  # two replicas busy on two shared cores: each at most twice as slow as alone (+ h x 1)
+CONTENTION_BUCKET_S = 30.0  # the stretch over which the machine's external speed is taken as one
+CONTENTION_GRID = 101  # values of h tried, 0 to CONTENTION_MAX
+
+
+def fit_contention(answers: Sequence[tuple[str, float, float, float]]) -> float:
+    """How much each other busy replica of a machine slows a step (h, from 0 to CONTENTION_MAX), from its answers as
+    (tier, mid-time s, the machine's other replicas busy meanwhile on average, slowdown): the h whose
+    log(slowdown / (1 + h x others)) deviates least (mean absolute deviation) from its tier's median in each
+    CONTENTION_BUCKET_S stretch (the external speed, which moves over tens of seconds, is taken out within a
+    stretch: what is left is the gateway's own concurrency against the answers' speed at about the same time).
+    Stretches of fewer than 3 answers of a tier say nothing; 0 when none is left."""
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for tier, mid, others, slowdown in answers:
+        if slowdown > 0:
+            groups.setdefault((tier, int(mid // CONTENTION_BUCKET_S)), []).append((others, float(np.log(slowdown))))
+    kept = [np.array(rows) for rows in groups.values() if len(rows) >= 3]
+    if not kept:
+        return 0.0
+    best, best_h = float("inf"), 0.0
+    for h in np.linspace(0.0, CONTENTION_MAX, CONTENTION_GRID):
+        deviation = 0.0
+        for rows in kept:
+            y = rows[:, 1] - np.log1p(h * rows[:, 0])
+            deviation += float(np.abs(y - np.median(y)).sum())
+        if deviation < best - 1e-12:
+            best, best_h = deviation, float(h)
+    return best_h
+
+
+def machine(tier: Tier) -> str:
+    """The machine a tier's replicas run on: its first replica's URL host."""
+    url = tier.replicas[0].url if tier.replicas else ""
+    return urlsplit(url).hostname or url
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,12 @@ import bisect
 import dataclasses
 import statistics
 from collections.abc import Mapping
-from urllib.parse import urlsplit
 
-from gateway.config import GatewayConfig, Tier
+from gateway.config import GatewayConfig
 from gateway.whatif.decide import HITS
 from gateway.whatif.fleet import Arrival, Fleet
-from gateway.whatif.physics import MIN_SAMPLES, Fitted, HostSpeed, QuantileMap, Samples, cpu_served, fit
+from gateway.whatif.physics import (MIN_SAMPLES, Fitted, HostSpeed, QuantileMap, Samples, cpu_served, fit,
+                                    fit_contention, machine)
 from gateway.whatif.records import SHED, Logged
 from gateway.whatif.replay import RECORDED, Window
 from gateway.whatif.summary import Tally
@@ -63,22 +63,20 @@ def _mapped(fitted: Fitted, name: str, maps: Mapping[tuple[str, str], QuantileMa
     return dataclasses.replace(fitted, stream_map=stream, whole_map=whole, busy_map=None if cpu else busy)
 
 
-def machine(tier: Tier) -> str:
-    """The machine a tier's replicas run on: its first replica's URL host."""
-    url = tier.replicas[0].url if tier.replicas else ""
-    return urlsplit(url).hostname or url
-
-
 def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fitted]) -> dict[str, HostSpeed]:
     """Each machine's speed over the window (`physics.HostSpeed`), from the answers the log shows on its CPU-served
     tiers' replicas (`config`: the routes that produced the log). An answer ran on its replica from its admission
     (arrival + queue wait) to its end (e2e); beside it, the other answers the log shows on that replica then (the
     time-average of their number over its run, `c`). What its engine would take: its uncached prompt at the tier's
     prefill speed and its output at tpot_1 x (1 + batch_slope x c) a token (`physics[tier]`: the engine's model of
-    one replica); its slowdown is its logged hold over that, divided by its tier's median slowdown (what the fleet
-    fit's decode speed takes up): > 1 when the machine ran it slower than the tier's typical answer."""
+    one replica); its slowdown is its logged hold over that. The machine's other replicas busy meanwhile (each the
+    share of the answer's run it held any answer: the time-average of their number) are the gateway's own load on
+    the cores: `physics.fit_contention` fits how much each one slows a step (h) from the answers, and the slowdown
+    less that, 1 + h x others, divided by its tier's median (what the fleet fit's decode speed takes up), is the
+    machine's external speed: > 1 when the machine ran the answer slower than the gateway's own load says."""
     tiers = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
     runs: dict[str, list[tuple[float, float]]] = {}  # by replica: every answer that occupied it
+    hosts: dict[str, str] = {}  # each replica's machine
     answers: list[tuple[str, str, float, float, Logged]] = []
     for row in window.rows:
         rec = row.rec
@@ -88,21 +86,45 @@ def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fit
             continue
         start, end = rec.arrival + rec.queue_ms / 1000, rec.arrival + rec.e2e_ms / 1000
         runs.setdefault(rec.backend, []).append((start, end))
+        hosts[rec.backend] = machine(tiers[rec.tier])
         if rec.served:
             answers.append((rec.tier, rec.backend, start, end, rec))
     busy = {backend: _Occupancy(spans) for backend, spans in runs.items()}
-    slowdowns: dict[str, list[tuple[float, float, float]]] = {}
+    held = {backend: _Occupancy(_union(spans)) for backend, spans in runs.items()}  # 1 while any answer runs
+    measured: dict[str, list[tuple[str, float, float, float, float]]] = {}  # by machine
     for name, backend, start, end, rec in answers:
         p = physics[name].profile
         beside = busy[backend].integral(start, end) / (end - start) - 1  # the answer itself is one
         model = max(0, rec.prompt - rec.cached) / p.prefill_tps + \
             max(1, rec.completion) * p.tpot_1_s * (1 + p.batch_slope * max(0.0, beside))
-        slowdowns.setdefault(name, []).append((start, end, (end - start) / model))
-    spans: dict[str, list[tuple[float, float, float]]] = {}
-    for name, values in slowdowns.items():
-        typical = statistics.median(r for _, _, r in values)
-        spans.setdefault(machine(tiers[name]), []).extend((a, b, r / typical) for a, b, r in values)
-    return {host: speed for host, values in spans.items() if (speed := HostSpeed.fit(values)) is not None}
+        host = hosts[backend]
+        others = sum(occupancy.integral(start, end) for other, occupancy in held.items()
+                     if other != backend and hosts[other] == host) / (end - start)
+        measured.setdefault(host, []).append((name, start, end, others, (end - start) / model))
+    out = {}
+    for host, values in measured.items():
+        h = fit_contention([(name, (a + b) / 2, others, r) for name, a, b, others, r in values])
+        external: dict[str, list[tuple[float, float, float]]] = {}
+        for name, a, b, others, r in values:
+            external.setdefault(name, []).append((a, b, r / (1 + h * others)))
+        spans: list[tuple[float, float, float]] = []
+        for rows in external.values():
+            typical = statistics.median(r for _, _, r in rows)
+            spans.extend((a, b, r / typical) for a, b, r in rows)
+        if (speed := HostSpeed.fit(spans, h)) is not None:
+            out[host] = speed
+    return out
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """`spans` (start, end) merged where they overlap: when at least one runs."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 class _Occupancy:

@@ -397,3 +397,112 @@ def test_a_cpu_served_tier_runs_at_the_speed_the_log_measured_at_the_time() -> N
     assert queued[-1] == pytest.approx(14.5)
     for arrival, logged in zip(arrivals[30:], queued[30:], strict=True):
         assert arrival.waited_s == pytest.approx(logged, abs=0.25)
+
+
+def _cpu_pair() -> Any:
+    """A llama.cpp tier of two one-slot replicas on one machine (127.0.0.1): their steps share its cores."""
+    from gateway.config import Tier
+
+    return Tier.model_validate({
+        "name": "small", "precision": "int4", "context_window": 2048, "slots_per_replica": 1,
+        "prices": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+        "replicas": [{"name": f"small-{x}", "url": f"http://127.0.0.1:{port}/v1", "model": "m",
+                      "launch": {"kind": "llama_cpp", "model": "gemma3-270m-q4_k_m", "parallel": 1}}
+                     for x, port in (("a", 9), ("b", 10))]})
+
+
+def test_two_replicas_busy_at_once_on_one_machine_each_run_slower_by_the_contention() -> None:
+    """Two answers at once, one on each of a machine's two llama.cpp replicas, each take 1 + h times as long as one
+    alone (the machine's external speed flat): the candidate's own concurrency, not the log's, sets the slowdown."""
+    import dataclasses
+
+    from gateway.whatif.physics import HostSpeed, base_profile
+
+    cfg = gateway_config([_cpu_pair()], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]})
+    tier = cfg.routes.tiers[0]
+    flat = HostSpeed((0.0,), (1.0,), 10, contention=0.6)
+    physics = {"small": Fitted(base_profile(tier), 0.0, 10, "int4", host=flat)}
+    alone = [Arrival(100.0, "t", "small", 10, 40, False)]
+    together = [Arrival(100.0, "t", "small", 10, 40, False), Arrival(100.0, "t", "small", 10, 40, False)]
+    Fleet(cfg.routes, physics).run(alone)
+    Fleet(cfg.routes, physics).run(together)
+    assert alone[0].done_s is not None and alone[0].waited_s == 0.0
+    for request in together:
+        # (the first one's first step starts before the other's: alone)
+        assert request.waited_s == 0.0 and request.done_s == pytest.approx(1.6 * alone[0].done_s, rel=0.02)
+    apart = [Arrival(100.0, "t", "small", 10, 40, False), Arrival(200.0, "t", "small", 10, 40, False)]
+    Fleet(cfg.routes, physics).run(apart)  # never busy at once: as fast as alone
+    assert [r.done_s for r in apart] == [pytest.approx(alone[0].done_s)] * 2
+    assert flat.step(5.0, 2) == pytest.approx(2.2) and dataclasses.replace(flat, contention=0.0).step(5.0, 2) == 1.0
+
+
+def test_the_contention_is_fitted_within_stretches_of_one_external_speed_and_capped() -> None:
+    """Answers slowed 1 + 0.4 x (the machine's other replicas busy), on a machine whose external speed moves
+    between 30-second stretches (1x, 2.5x, 0.7x, 1x): the fit finds 0.4 (the stretches' own speed taken out), though
+    the others were busy in the slow stretch only (a fit across stretches takes its slowness for contention). A
+    slowdown steeper than two shared cores allow (3x with one other busy) is capped at CONTENTION_MAX."""
+    from gateway.whatif.physics import CONTENTION_MAX, fit_contention
+
+    answers = []
+    for stretch, external in enumerate((1.0, 2.5, 0.7, 1.0)):
+        for i in range(12):
+            others = (i % 2) * 0.5 + (1.5 if external > 1 else 0.0)  # the others busy in the slow stretch
+            answers.append(("small", stretch * 30 + 2 * i + 0.5, others, external * (1 + 0.4 * others)))
+    assert fit_contention(answers) == pytest.approx(0.4, abs=0.011)
+    steep = [("small", 2.0 * i, float(i % 2), 1.0 + 2.0 * (i % 2)) for i in range(12)]
+    assert fit_contention(steep) == CONTENTION_MAX
+    assert fit_contention([("small", 0.0, 1.0, 2.0)] * 2) == 0.0  # too few in a stretch to say
+
+
+def _pair_log(cfg: GatewayConfig) -> Any:
+    """Log A on the two-replica machine: a request every second, 40 output tokens each; every other second a
+    second one at once (on the other replica). One alone took 0.5 s; two at once 0.8 s each (contention 0.6), the
+    machine's external speed flat."""
+    from gateway.whatif.replay import Row, Window
+
+    rows = []
+    for n in range(90):
+        pair = n % 2 == 0
+        for k, backend in enumerate(("small-a", "small-b") if pair else ("small-a",)):
+            e2e = 800.0 if pair else 500.0
+            rec = line(2 * n + k, arrival_s=1_795_000_000.0 + n, stream=False, ttft_ms=e2e, tpot_ms=None,
+                       e2e_ms=e2e, completion_tokens=40, prompt_tokens=10, backend=backend)
+            rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+    return Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+
+
+def test_the_log_s_own_contention_is_fitted_and_the_rest_is_the_external_speed() -> None:
+    from gateway.whatif.simulate import fit_fleet
+
+    cfg = gateway_config([_cpu_pair()], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]})
+    window = _pair_log(cfg)
+    host = fit_fleet(cfg, window, {}).hosts["127.0.0.1"]
+    assert host.contention == pytest.approx(0.6, abs=0.011)
+    for n in (10, 11, 50, 51):  # paired and alone alike: the external speed flat, at the median
+        assert host(window.rows[0].rec.arrival + n + 0.2) == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_candidate_that_refuses_half_the_traffic_is_predicted_faster_on_a_flat_external_speed() -> None:
+    """Log A's paired requests ran 0.8 s, its lone ones 0.5 s (the gateway's own two answers at once on two shared
+    cores). A candidate that refuses the second of each pair (half the load at those moments) runs every answer
+    alone: 0.5 s, as the log's lone ones. (Replaying the log's speed at each moment, as measured, would keep the
+    paired moments' 0.8 s: the machine taken for slow then, whatever the candidate's load.)"""
+    from gateway.whatif.simulate import fit_fleet, fitted_physics
+
+    cfg = gateway_config([_cpu_pair()], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]})
+    window = _pair_log(cfg)
+    physics = fitted_physics(cfg, {}, fit_fleet(cfg, window, {}))
+    replayed = [Arrival(r.rec.arrival, "t", "small", 10, 40, False) for r in window.rows]
+    Fleet(cfg.routes, physics).run(replayed)
+    paired = [a.done_s or 0.0 for a, r in zip(replayed, window.rows, strict=True) if r.rec.e2e_ms == 800.0]
+    assert sorted(paired)[len(paired) // 2] == pytest.approx(0.8, rel=0.05)  # log A against its own policy
+    seen: set[float] = set()
+    candidate = []
+    for row in window.rows:  # the second of each pair refused
+        if row.rec.arrival not in seen:
+            seen.add(row.rec.arrival)
+            candidate.append(Arrival(row.rec.arrival, "t", "small", 10, 40, False))
+    Fleet(cfg.routes, physics).run(candidate)
+    assert len(candidate) == 90
+    for arrival in candidate:
+        assert arrival.done_s == pytest.approx(0.5, rel=0.05)
