@@ -26,6 +26,7 @@ exact lookups only. A request whose only message is an assistant turn has none e
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from typing import Any, Literal, NamedTuple
 
 import orjson
@@ -40,10 +41,11 @@ INPUT_FIELDS = frozenset({"messages", "prompt", "input", "tools", "functions", "
 CEILING_FIELDS = frozenset({"max_tokens", "max_completion_tokens"})
 NOT_PARAMS = OUTPUT_NEUTRAL | INPUT_FIELDS | CEILING_FIELDS | {"n", "best_of"}  # outputs are read on their own
 TOOL_FIELDS = frozenset({"tools", "functions", "response_format"})
-# Parameters whose answers one stored text cannot replay faithfully (tool definitions neither: `replayable`).
+# Parameters whose answers one stored text cannot replay faithfully (tool definitions neither: `Reading.cache_class`).
 UNREPLAYABLE = ("logprobs", "top_logprobs", "echo")
 
 PartKind = Literal["text", "media", "token_ids", "tool", "tool_call"]
+CacheClass = Literal["never", "deterministic", "always"]
 MEDIA_TYPES = {"image_url": "url", "input_image": "image_url", "input_audio": "data", "file": "file_data"}
 
 
@@ -58,11 +60,14 @@ class Part(NamedTuple):
     turn: int = 0
 
 
+_part = partial(tuple.__new__, Part)  # Part((kind, role, value, turn)) without its Python-level __new__ (per turn)
+
+
 class Reading:
     """What a request asks (the module docstring); built by `read`, limited by the policy stage (`limit`)."""
 
     __slots__ = ("endpoint", "parts", "prompts", "n", "best_of", "outputs", "generated", "params", "stop", "ceiling",
-                 "input_chars", "input_tokens", "media_parts", "semantic_text", "_context_key", "_key", "_replayable")
+                 "input_chars", "input_tokens", "media_parts", "semantic_text", "cache_class", "_context_key", "_key")
 
     def __init__(self, endpoint: Endpoint, parts: tuple[Part, ...], prompts: int, n: int, best_of: int,
                  params: dict[str, Any], semantic_text: str | None) -> None:
@@ -72,26 +77,36 @@ class Reading:
         self.n = n
         self.best_of = best_of
         self.outputs = prompts * n  # answers the client gets back
-        self.generated = prompts * max(n, best_of)  # answers the backend writes
+        self.generated = generated = prompts * max(n, best_of)  # answers the backend writes
         self.params = params  # answer-changing fields other than inputs, stop and the ceiling
-        self.stop: tuple[str, ...] = _stops(params.pop("stop", None))
+        self.stop: tuple[str, ...] = _stops(params.pop("stop")) if "stop" in params else ()
         self.ceiling: int | None = None  # per answer: set by `limit`
         self.semantic_text = semantic_text
         text = media = ids = media_parts = 0
-        for part in parts:
-            if part.kind == "media":
-                media += len(part.value)
+        tools = False
+        for kind, role, value, _ in parts:
+            if kind == "media":
+                media += len(value)
                 media_parts += 1
-            elif part.kind == "token_ids":
-                ids += len(part.value)
+            elif kind == "token_ids":
+                ids += len(value)
             else:
-                text += len(part.value)
+                text += len(value)
+                tools = tools or role == "tools"
         self.input_chars = text + media + ids * CHARS_PER_TOKEN
         self.input_tokens = -(-text // CHARS_PER_TOKEN) + ids + media_parts * MEDIA_TOKENS
         self.media_parts = media_parts
+        # Which cache modes would store this reading's answer, for a tenant with caching on
+        # (`gateway.cache.keys.uncached_reasons` says why): 'never' (an embedding, or one stored text is not the
+        # whole answer: more than one output, tools, log-probabilities), 'deterministic' (in either mode),
+        # 'always' (only in mode 'always'). The cache stage and the log line both read it.
+        self.cache_class: CacheClass
+        if endpoint == "embeddings" or generated != 1 or tools or (params and _unreplayable(params)):
+            self.cache_class = "never"
+        else:
+            self.cache_class = "deterministic" if deterministic(params) else "always"
         self._context_key: str | None = None
         self._key: str | None = None
-        self._replayable: bool | None = None
 
     def output_tokens_max(self) -> int:
         """The most output tokens the backend may write for this request (0 while the ceiling is unknown, and
@@ -99,44 +114,54 @@ class Reading:
         return 0 if self.endpoint == "embeddings" else self.generated * (self.ceiling or 0)
 
     def charge(self) -> int:
-        """Tokens a rate limit charges on admission: all input and every output at its ceiling."""
-        return self.input_tokens + self.output_tokens_max()
+        """Tokens a rate limit charges on admission: all input and every output at its ceiling
+        (`output_tokens_max`)."""
+        return self.input_tokens + (0 if self.endpoint == "embeddings" else self.generated * (self.ceiling or 0))
 
     def limit(self, ceiling: int, stop: tuple[str, ...]) -> None:
         """The policy's ceiling per answer and the stop sequences after the tenant's own are merged."""
         self.ceiling, self.stop = ceiling, stop
         self._context_key = self._key = None
 
-    def replayable(self) -> bool:
-        """Whether one stored text is this request's whole answer: one output, no tools, no log-probabilities
-        (once: the cache stage and the log line both ask)."""
-        if self._replayable is None:
-            params = self.params
-            self._replayable = self.generated == 1 and not any(params.get(name) for name in UNREPLAYABLE) \
-                and all(part.role != "tools" for part in self.parts)
-        return self._replayable
-
     def key(self) -> str:
         """A digest of the whole reading: equal for two requests exactly when every input and parameter is."""
         if self._key is None:
-            self._key = _digest(self._answer_fields(), self.parts)
+            self._key = self._digest(self.parts)
         return self._key
 
     def context_key(self) -> str:
         """A digest of everything but `semantic_text` (the last part, when there is one)."""
         if self._context_key is None:
-            parts = self.parts[:-1] if self.semantic_text is not None else self.parts
-            self._context_key = _digest(self._answer_fields(), parts)
+            self._context_key = self._digest(self.parts[:-1] if self.semantic_text is not None else self.parts)
         return self._context_key
 
-    def _answer_fields(self) -> list[Any]:
-        return [self.endpoint, self.n, self.best_of, self.ceiling, list(self.stop), self.params]
+    def _digest(self, parts: tuple[Part, ...]) -> str:
+        """sha256 of the fields that change an answer and `parts` (each as a plain tuple: orjson writes
+        tuples, not their subclasses)."""
+        fields = [self.endpoint, self.n, self.best_of, self.ceiling, list(self.stop), self.params]
+        return hashlib.sha256(orjson.dumps([fields, parts], default=tuple, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def deterministic(params: dict[str, Any]) -> bool:
+    """Temperature 0 or an integer seed: what cache mode 'deterministic' caches."""
+    seed = params.get("seed")
+    return params.get("temperature") == 0 or (isinstance(seed, int) and not isinstance(seed, bool))
+
+
+def _unreplayable(params: dict[str, Any]) -> bool:
+    for name in UNREPLAYABLE:
+        if params.get(name):
+            return True
+    return False
 
 
 def read(endpoint: Endpoint, body: dict[str, Any]) -> Reading:
     """The reading of a body that parse validated (chat, completions or embeddings; other protocols arrive
     translated to chat)."""
-    params = {name: value for name, value in body.items() if name not in NOT_PARAMS}
+    params = {}
+    for name, value in body.items():  # (a loop: a comprehension is one more call per request)
+        if name not in NOT_PARAMS:
+            params[name] = value
     n = body.get("n") or 1
     best_of = body.get("best_of") or 1
     extra = [] if body.keys().isdisjoint(TOOL_FIELDS) else _tool_parts(body)
@@ -155,10 +180,13 @@ def _chat_parts(messages: list[dict[str, Any]]) -> tuple[list[Part], str | None]
     parts: list[Part] = []
     for turn, message in enumerate(messages):
         role = message["role"]
+        content = message.get("content")
+        if len(message) == 2 and isinstance(content, str):  # the common turn: a role and its text
+            parts.append(_part(("text", role, content, turn)))
+            continue
         if message.get("name") is not None or message.get("tool_call_id") is not None:
             parts.append(Part("text", role, f"{message.get('name') or ''}\x00{message.get('tool_call_id') or ''}",
                               turn))
-        content = message.get("content")
         if isinstance(content, str):
             parts.append(Part("text", role, content, turn))
         elif isinstance(content, list):
@@ -167,21 +195,22 @@ def _chat_parts(messages: list[dict[str, Any]]) -> tuple[list[Part], str | None]
             parts.append(Part("tool_call", role, _json(call), turn))
         if message.get("function_call") is not None:
             parts.append(Part("tool_call", role, _json(message["function_call"]), turn))
-    last = messages[-1] if messages else None
     semantic = None
-    if last is not None and last["role"] == "user" and parts and parts[-1].role == "user" \
-            and parts[-1].kind == "text" and _plain_user_turn(last):
-        semantic = parts[-1].value
+    if parts:
+        last, final = messages[-1], parts[-1]
+        if last["role"] == "user" and final.role == "user" and final.kind == "text" and (
+                len(last) == 2 and isinstance(last.get("content"), str) or _plain_user_turn(last)):
+            semantic = final.value
     return parts, semantic
 
 
 def _plain_user_turn(message: dict[str, Any]) -> bool:
     """One user message of text only (a string, or one text part), no name."""
     content = message.get("content")
+    if isinstance(content, str):
+        return message.get("name") is None
     if message.get("name") is not None:
         return False
-    if isinstance(content, str):
-        return True
     return isinstance(content, list) and len(content) == 1 and _is_text(content[0])
 
 
@@ -239,8 +268,3 @@ def _stops(stop: Any) -> tuple[str, ...]:
 
 def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def _digest(fields: list[Any], parts: tuple[Part, ...]) -> str:
-    plain = [tuple(part) for part in parts]  # orjson writes tuples, not their subclasses
-    return hashlib.sha256(orjson.dumps([fields, plain], option=orjson.OPT_SORT_KEYS)).hexdigest()

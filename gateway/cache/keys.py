@@ -4,15 +4,13 @@ caching at all, each decided from the request's reading (gateway.reading), never
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
 
 import orjson
 
 from gateway.config.policies import CacheRule
-from gateway.reading import UNREPLAYABLE, Reading
+from gateway.reading import UNREPLAYABLE, Reading, deterministic
 
 SHARED_SCOPE = "*shared*"
-CacheClass = Literal["never", "deterministic", "always"]
 
 
 def uncached_reasons(reading: Reading, rule: CacheRule) -> list[str]:
@@ -40,23 +38,8 @@ def uncached_reasons(reading: Reading, rule: CacheRule) -> list[str]:
 
 def cacheable(reading: Reading, rule: CacheRule) -> bool:
     """`not uncached_reasons(reading, rule)`, without writing the reasons (the cache stage asks per request)."""
-    verdict = cache_class(reading)
+    verdict = reading.cache_class
     return rule.enabled and verdict != "never" and (rule.mode == "always" or verdict == "deterministic")
-
-
-def deterministic(params: dict[str, Any]) -> bool:
-    """Temperature 0 or an integer seed: what cache mode 'deterministic' caches."""
-    seed = params.get("seed")
-    return params.get("temperature") == 0 or (isinstance(seed, int) and not isinstance(seed, bool))
-
-
-def cache_class(reading: Reading) -> CacheClass:
-    """Which cache modes would store this reading's answer, for a tenant with caching on, in one pass (the log
-    line's verdict; `uncached_reasons` says why): 'never' (in no mode), 'deterministic' (in either mode),
-    'always' (only in mode 'always')."""
-    if reading.endpoint == "embeddings" or not reading.replayable():
-        return "never"
-    return "deterministic" if deterministic(reading.params) else "always"
 
 
 def scope_of(tenant: str, rule: CacheRule) -> str:

@@ -124,15 +124,17 @@ def first_cost(ctx: RequestContext, day: date, tier: Tier | None = None) -> floa
                                                            first.cached_tokens)
 
 
-def log_fields(ctx: RequestContext, day: date, served_cost: float) -> dict[str, Any]:
+def log_fields(ctx: RequestContext, day: date, cost: float) -> dict[str, Any]:
     """The log line's `escalated_from` and `escalation`: the confidence, the rule, and both parts priced on their
-    own tiers (`served_cost`: the answer returned, the second part's). An escalation whose second tier failed
-    says so (`outcome`); the first answer was returned and is the only part."""
+    own tiers (`cost`: the request's, both parts; the second, the answer returned, costs the rest). An escalation
+    whose second tier failed says so (`outcome`); the first answer was returned and is the only part."""
     first = ctx.escalation
     if first is None:
         return {"escalated_from": None, "escalation": None}
+    before = first_cost(ctx, day)
+    served_cost = round(cost - before, 12)
     part = {"tier": first.from_tier.name, "replica": first.from_replica, "prompt_tokens": first.prompt_tokens,
-            "completion_tokens": first.completion_tokens, "cost_usd": first_cost(ctx, day)}
+            "completion_tokens": first.completion_tokens, "cost_usd": before}
     report: dict[str, Any] = {
         "confidence": None if first.confidence is None else round(first.confidence, 4),
         "min_confidence": first.rule.min_confidence, "outcome": first.outcome, "decided_ms": first.first_ms}

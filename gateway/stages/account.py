@@ -92,7 +92,7 @@ class Accountant:
             "spilled_from": ctx.route.spill.spilled_from if ctx.route.spill else None,  # issue 39: and both tiers' predictions
             "spill": ctx.route.spill.report() if ctx.route.spill and ctx.route.spill.target else None,
             # a low-confidence answer asked again of the next tier up: both parts (issue 39)
-            **escalation_fields(ctx, day, round(cost - first_cost(ctx, day), 12)),
+            **escalation_fields(ctx, day, cost),
             "max_tokens": ctx.max_tokens,
             "max_tokens_clamped_from": ctx.max_tokens_asked,
             "attempts": ctx.upstream.attempts,

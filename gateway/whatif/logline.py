@@ -29,44 +29,36 @@ from __future__ import annotations
 from hashlib import blake2b
 from typing import Any
 
-from gateway.cache.keys import cache_class
 from gateway.context import RequestContext
 from gateway.experiments.assign import conversation_key, conversation_texts, user_key
-from gateway.reading import Reading
 from gateway.routing.sessions import MESSAGE_ROLES, header_key
 from gateway.routing.sessions import update_digest as _digest_part  # the session step's own digest of a message part
 
 REPLAY_VERSION = 2  # 2: turn_keys
-NO_CONVERSATION: dict[str, Any] = {"sticky": None, "turn_keys": None}
 
 
 def replay_fields(ctx: RequestContext) -> dict[str, Any]:
-    """The replay fields of a finished request's log line (see the module docstring)."""
+    """The replay fields of a finished request's log line (see the module docstring), in one pass: the log line
+    of every request computes them."""
     reading = ctx.reading
     quality = ctx.route.quality
-    fields: dict[str, Any] = {
-        "replay": REPLAY_VERSION,
-        "arrival_s": round(ctx.ts, 6),
-        "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
-    }
-    if ctx.endpoint != "embeddings" and ctx.body:
-        _conversation_fields(ctx, fields)
-    else:
-        fields.update(NO_CONVERSATION)
-    fields["reading"] = None if reading is None else _reading(reading)
-    fields["decode_tps"] = _decode_tps(ctx)
-    return fields
-
-
-def _conversation_fields(ctx: RequestContext, fields: dict[str, Any]) -> None:
-    """`sticky` and `turn_keys` of a chat or completion into `fields`."""
-    tenant, body = ctx.tenant_name, ctx.body
-    system, first = conversation_texts(body)
-    user = body.get("user")
-    user = user if type(user) is str else ""
-    fields["sticky"] = {"conversation": conversation_key(tenant, system, first),
-                        "user": user_key(tenant, user) if user else None}
-    fields["turn_keys"] = _turn_keys(tenant, ctx)
+    body = ctx.body
+    sticky = turn_keys = None
+    if body and ctx.endpoint != "embeddings":
+        tenant = ctx.tenant_name
+        user = body.get("user")
+        sticky = {"conversation": conversation_key(tenant, *conversation_texts(body)),
+                  "user": user_key(tenant, user) if type(user) is str and user else None}
+        turn_keys = _turn_keys(tenant, ctx)
+    summary = None
+    if reading is not None:
+        cacheable = reading.cache_class
+        summary = {"input_tokens": reading.input_tokens, "input_chars": reading.input_chars,
+                   "outputs": reading.outputs, "generated": reading.generated, "cacheable": cacheable,
+                   "digest": None if cacheable == "never" else reading.key()[:16]}
+    return {"replay": REPLAY_VERSION, "arrival_s": round(ctx.ts, 6),
+            "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
+            "sticky": sticky, "turn_keys": turn_keys, "reading": summary, "decode_tps": _decode_tps(ctx)}
 
 
 def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None:
@@ -92,13 +84,6 @@ def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None
                 parent = digest.hexdigest()
             _digest_part(digest, part)
     return {"parent": parent, "current": digest.hexdigest()}
-
-
-def _reading(reading: Reading) -> dict[str, Any]:
-    cacheable = cache_class(reading)
-    return {"input_tokens": reading.input_tokens, "input_chars": reading.input_chars, "outputs": reading.outputs,
-            "generated": reading.generated, "cacheable": cacheable,
-            "digest": None if cacheable == "never" else reading.key()[:16]}
 
 
 def _decode_tps(ctx: RequestContext) -> float | None:

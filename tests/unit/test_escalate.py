@@ -154,10 +154,11 @@ async def test_both_parts_are_priced_on_their_own_tiers() -> None:
     day = date(2026, 6, 1)
     assert first_cost(ctx, day) == pytest.approx((100 * 1 + 10 * 2) / 1e6)
     ctx.route.tier, ctx.upstream.prompt_tokens, ctx.upstream.completion_tokens = ctx.config.tiers["mid"], 100, 20
-    fields = log_fields(ctx, day, 0.5)
+    fields = log_fields(ctx, day, 0.5 + first_cost(ctx, day))  # the request's cost: both parts
     assert fields["escalated_from"] == "small"
     first, second = fields["escalation"]["parts"]
     assert (first["tier"], first["prompt_tokens"], first["completion_tokens"]) == ("small", 100, 10)
+    assert first["cost_usd"] == first_cost(ctx, day)
     assert (second["tier"], second["completion_tokens"], second["cost_usd"]) == ("mid", 20, 0.5)
     assert fields["escalation"]["confidence"] == 0.25 and fields["escalation"]["min_confidence"] == 0.6
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cache.keys import SHARED_SCOPE, cache_class, cacheable, response_key, scope_of, semantic_namespace, uncached_reasons
+from gateway.cache.keys import SHARED_SCOPE, cacheable, response_key, scope_of, semantic_namespace, uncached_reasons
 from gateway.config.policies import CacheRule
 from gateway.reading import Reading, read
 from gateway.types import Endpoint
@@ -96,11 +96,11 @@ def test_the_semantic_namespace_separates_scope_tier_and_parameters() -> None:
     reading("completions", {"prompt": "a", "best_of": 3, "seed": 1}), reading("embeddings", {"input": "a"}),
 ], ids=lambda r: f"{r.endpoint}:{sorted(r.params)}:{r.generated}")
 def test_the_log_lines_cache_class_is_what_the_reasons_say(made: Reading) -> None:
-    """`cache_class` (the log line's one-pass verdict, read by `gateway whatif`) agrees with `uncached_reasons`
+    """`Reading.cache_class` (the log line's one-pass verdict, read by `gateway whatif`) agrees with `uncached_reasons`
     under both modes: never (cached in neither), deterministic (in both), always (only in mode always)."""
     in_always, in_deterministic = not uncached_reasons(made, ALWAYS), not uncached_reasons(made, DETERMINISTIC)
     expected = "deterministic" if in_deterministic else "always" if in_always else "never"
-    assert cache_class(made) == expected
+    assert made.cache_class == expected
     # `cacheable` (the cache stage's question, per request) is the reasons' verdict, in every mode
     for rule in (ALWAYS, DETERMINISTIC, CacheRule(enabled=False, mode="always"), CacheRule(enabled=False)):
         assert cacheable(made, rule) is not bool(uncached_reasons(made, rule)), rule

@@ -96,7 +96,7 @@ def test_tools_functions_and_the_response_format_come_first() -> None:
     assert r.parts[:3] == (Part("tool", "tools", '[{"a":0,"b":1,"type":"function"}]'),
                            Part("tool", "tools", '[{"name":"f"}]'),
                            Part("tool", "response_format", '{"type":"json_object"}'))
-    assert not r.replayable()
+    assert r.cache_class == "never"
 
 
 def test_completion_prompts() -> None:
@@ -155,12 +155,18 @@ def test_before_the_policy_sets_a_ceiling() -> None:
     assert len(r.key()) == 64 and len(r.context_key()) == 64
 
 
-def test_replayable_is_one_answer_without_tools_or_log_probabilities() -> None:
-    assert read("chat", chat({"role": "user", "content": "x"})).replayable()
-    assert not read("chat", chat({"role": "user", "content": "x"}, n=2)).replayable()
-    assert not read("chat", chat({"role": "user", "content": "x"}, logprobs=True)).replayable()
-    assert not read("chat", chat({"role": "user", "content": "x"}, echo=True)).replayable()
-    assert not read("chat", chat({"role": "user", "content": "x"}, tools=[{"type": "function"}])).replayable()
+def test_one_stored_text_replays_one_answer_without_tools_or_log_probabilities() -> None:
+    """`cache_class`: 'never' for more than one answer, log-probabilities, echo, tools or an embedding;
+    'deterministic' at temperature 0 or an integer seed (a bool is no seed); 'always' otherwise."""
+    assert read("chat", chat({"role": "user", "content": "x"})).cache_class == "always"
+    assert read("chat", chat({"role": "user", "content": "x"}, temperature=0)).cache_class == "deterministic"
+    assert read("chat", chat({"role": "user", "content": "x"}, seed=3)).cache_class == "deterministic"
+    assert read("chat", chat({"role": "user", "content": "x"}, seed=True)).cache_class == "always"
+    assert read("chat", chat({"role": "user", "content": "x"}, n=2)).cache_class == "never"
+    assert read("chat", chat({"role": "user", "content": "x"}, logprobs=True)).cache_class == "never"
+    assert read("chat", chat({"role": "user", "content": "x"}, echo=True)).cache_class == "never"
+    assert read("chat", chat({"role": "user", "content": "x"}, tools=[{"type": "function"}])).cache_class == "never"
+    assert read("embeddings", {"input": "x"}).cache_class == "never"
 
 
 def test_the_context_key_leaves_out_only_the_semantic_text() -> None:
