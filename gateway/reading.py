@@ -101,7 +101,8 @@ class Reading:
         # whole answer: more than one output, tools, log-probabilities), 'deterministic' (in either mode),
         # 'always' (only in mode 'always'). The cache stage and the log line both read it.
         self.cache_class: CacheClass
-        if endpoint == "embeddings" or generated != 1 or tools or (params and _unreplayable(params)):
+        if endpoint == "embeddings" or generated != 1 or tools or (
+                not params.keys().isdisjoint(UNREPLAYABLE) and _unreplayable(params)):
             self.cache_class = "never"
         else:
             self.cache_class = "deterministic" if deterministic(params) else "always"

@@ -105,9 +105,11 @@ def conversation_texts(body: Mapping[str, Any]) -> tuple[str, str]:
             continue
         role = message.get("role")
         if role in _SYSTEM_ROLES and not system:
-            system = _text(message.get("content"))
+            content = message.get("content")
+            system = content if type(content) is str else _text(content)
         elif role == "user":
-            first = _text(message.get("content"))
+            content = message.get("content")
+            first = content if type(content) is str else _text(content)
             break
     return system, first
 

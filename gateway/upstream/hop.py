@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -60,7 +61,7 @@ class UpstreamHop:
 
     def answer(self, ctx: RequestContext) -> Coroutine[Any, Any, Reply]:
         """The answer of the first of the request's candidates that gives one (`failover`'s coroutine itself)."""
-        return failover(ctx, self._pool, self._metrics, lambda replica: self._attempt(ctx, replica))
+        return failover(ctx, self._pool, self._metrics, partial(self._attempt, ctx))
 
     async def _attempt(self, ctx: RequestContext, replica: Replica) -> Reply:
         """One replica's try (see `Attempt`); a client that leaves before the answer came leaves work, priced."""

@@ -56,7 +56,7 @@ def replay_fields(ctx: RequestContext) -> dict[str, Any]:
         summary = {"input_tokens": reading.input_tokens, "input_chars": reading.input_chars,
                    "outputs": reading.outputs, "generated": reading.generated, "cacheable": cacheable,
                    "digest": None if cacheable == "never" else reading.key()[:16]}
-    return {"replay": REPLAY_VERSION, "arrival_s": round(ctx.ts, 6),
+    return {"replay": REPLAY_VERSION, "arrival_s": round(ctx.ts * 1_000_000) / 1_000_000,  # (as account._ms)
             "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
             "sticky": sticky, "turn_keys": turn_keys, "reading": summary, "decode_tps": _decode_tps(ctx)}
 
@@ -91,4 +91,4 @@ def _decode_tps(ctx: RequestContext) -> float | None:
     outputs = ctx.reading.outputs if ctx.reading is not None else 1
     if not ctx.stream or first is None or done is None or completion <= outputs or done <= first:
         return None  # a non-streamed answer arrives whole: its first byte is not its first token
-    return round((completion - outputs) / (done - first), 3)
+    return round((completion - outputs) / (done - first) * 1000) / 1000
