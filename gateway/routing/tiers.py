@@ -75,8 +75,9 @@ class RouteStage:
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         ctx.prompt_tokens_est = ctx.input_tokens_est()
+        quality = ctx.route.quality  # the day prices the quality floor's choice: only with its scores
         asked = Asked(ctx.endpoint, ctx.model_requested, ctx.max_tokens, ctx.prompt_tokens_est, ctx.body,
-                      ctx.route.difficulty, ctx.route.quality, utc_day(ctx.ts))
+                      ctx.route.difficulty, quality, None if quality is None else utc_day(ctx.ts))
         decision = candidate_tier(ctx.config, ctx.tenant, asked)
         ctx.route.tier = decision.tier
         if decision.reason is not None:
