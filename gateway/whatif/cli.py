@@ -36,8 +36,10 @@ NOT_MODELLED = (
     "through the reply, not by the reply's text) and sessions on lines written before turn_keys (replay 1); "
     "semantic cache hits on a tier other than the logged one; prefix-cache hits beyond the logged ones (a request "
     "moved to another tier is prefilled whole); output lengths on another tier (the logged ones); "
-    "a CPU-served (llama.cpp) machine's speed under the candidate's load (it runs as fast as the log measured it "
-    "at each moment: a policy that takes load off the machine is predicted as slow as the log ran)")
+    "a CPU-served (llama.cpp) machine's external load under the candidate (its other tenants' work: the speed "
+    "the log measured at each moment beyond the gateway's own contention is replayed as it was; only the "
+    "contention of the machine's replicas busy at once follows the candidate's load), the gateway process's own "
+    "CPU per request (part of the external speed, as the log's traffic spent it)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -29,9 +29,12 @@ A CPU-served tier (llama.cpp threads, `cpu_served`) runs on a machine whose spee
 window: each answer's hold (e2e less its queue wait) against what its engine would take for its tokens beside the
 requests the log shows on its replica moves over time, tens of seconds at a time, and on all the machine's replicas
 together (other work on the cores, the gateway and the clients on them). `HostSpeed` is that speed, measured from the
-log (`simulate.host_speeds`): each engine step of such a tier takes `HostSpeed(t)` times the profile's step, and its
-gateway slot is held to its engine's last token (no busy map: the hold's spread is the host's, at the time the log
-measured it, and the replicas' concurrency, not a rank).
+log (`simulate.host_speeds`) in two parts: the gateway's own contention (each other replica of the machine busy at
+once adds h to a step's time: `fit_contention`, which a candidate's own load changes) and the machine's external
+speed at the time, what is left (other tenants' work, which it does not). Each engine step of such a tier takes
+`HostSpeed.step(t, others busy)` times the profile's step, and its gateway slot is held to its engine's last token
+(no busy map: the hold's spread is the host's, at the time the log measured it, and the replicas' concurrency, not
+a rank).
 """
 
 from __future__ import annotations
