@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from functools import lru_cache
 from hashlib import blake2b
 from typing import Any
 
@@ -77,18 +78,27 @@ def sticky_key(body: Mapping[str, Any], tenant: str = "", by_user: bool = False)
 
 def user_key(tenant: str, user: str) -> int:
     """`sticky_key` by a `user` field."""
-    return _hash64(b"u" + f"{tenant}\x00{user[:KEY_CHARS]}".encode("utf-8", "surrogatepass"))
+    return _hash64(b"u", tenant, user[:KEY_CHARS])
 
 
 def conversation_key(tenant: str, system: str, first: str) -> int | None:
     """`sticky_key` by a conversation's start (`conversation_texts`); None when it has neither text."""
     if not system and not first:
         return None
-    return _hash64(b"c" + f"{tenant}\x00{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}".encode("utf-8", "surrogatepass"))
+    return _hash64(b"c", tenant, f"{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}")
 
 
-def _hash64(data: bytes) -> int:
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+def _hash64(kind: bytes, tenant: str, text: str) -> int:
+    """blake2b-64 of `kind`, the tenant, NUL and `text` (UTF-8, lone surrogates passed), little-endian; the
+    tenant's part hashed once per (kind, tenant) and copied."""
+    digest = _seed64(kind, tenant).copy()
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(digest.digest(), "little")
+
+
+@lru_cache(maxsize=4096)
+def _seed64(kind: bytes, tenant: str) -> Any:
+    return blake2b(kind + f"{tenant}\x00".encode("utf-8", "surrogatepass"), digest_size=8)
 
 
 def conversation_texts(body: Mapping[str, Any]) -> tuple[str, str]:

@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from hashlib import blake2b
 from typing import Any, NamedTuple
 
@@ -99,7 +100,7 @@ def conversation_keys(tenant: str, reading: Reading) -> ConversationKeys:
     """The session keys of a chat request's conversation (see ConversationKeys)."""
     parts = [part for part in reading.parts if part.role in MESSAGE_ROLES]
     upto = max((part.turn for part in parts if part.role == "assistant"), default=-1)
-    digest = blake2b(tenant.encode() + b"\x00v", digest_size=16)
+    digest = conversation_digest(tenant)
     lookup = None
     for part in parts:
         if lookup is None and upto >= 0 and part.turn > upto:
@@ -108,6 +109,17 @@ def conversation_keys(tenant: str, reading: Reading) -> ConversationKeys:
     if lookup is None and upto >= 0:
         lookup = digest.hexdigest()  # (it ends with the reply: no user turn after it)
     return ConversationKeys(lookup, digest, parts[-1].turn + 1 if parts else 0)
+
+
+@lru_cache(maxsize=4096)
+def _tenant_seed(tenant: str) -> Any:
+    return blake2b(tenant.encode() + b"\x00v", digest_size=16)
+
+
+def conversation_digest(tenant: str) -> Any:
+    """A fresh session digest of a conversation of `tenant`'s (blake2b over the tenant's name, then each message
+    part by `update_digest`): a copy of the tenant's seeded one, at about half the cost of starting one."""
+    return _tenant_seed(tenant).copy()
 
 
 def update_digest(digest: Any, part: Part) -> None:

@@ -26,12 +26,11 @@ status, error), a replay re-decides the request under other routes and policies:
 
 from __future__ import annotations
 
-from hashlib import blake2b
 from typing import Any
 
 from gateway.context import RequestContext
 from gateway.experiments.assign import conversation_key, conversation_texts, user_key
-from gateway.routing.sessions import MESSAGE_ROLES, header_key
+from gateway.routing.sessions import MESSAGE_ROLES, conversation_digest, header_key
 from gateway.routing.sessions import update_digest as _digest_part  # the session step's own digest of a message part
 
 REPLAY_VERSION = 2  # 2: turn_keys
@@ -76,7 +75,7 @@ def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None
         if part.role == "assistant":
             last_reply = part.turn
             break
-    digest = blake2b(tenant.encode() + b"\x00v", digest_size=16)
+    digest = conversation_digest(tenant)
     parent = None
     for part in parts:
         if part.role in MESSAGE_ROLES:

@@ -204,3 +204,19 @@ def test_an_arms_policy_keeps_every_cap_of_the_tenant() -> None:
                  "stop", "cache", "name", "max_prompt_tokens"):
         assert getattr(arm, name) == getattr(base, name), name
     assert arm.default_tier == "large-fp16"
+
+
+def test_sticky_keys_are_blake2b_64_of_kind_tenant_and_text_every_time() -> None:
+    """The keys the arms are split on, as documented: blake2b-64 of the kind, the tenant, NUL and the text (the
+    tenant's part hashed once and copied: a copy that were not taken would change every later key)."""
+    from gateway.experiments.assign import conversation_key, user_key
+
+    def reference(data: bytes) -> int:
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+    for _ in range(2):  # the second time from the cached seed
+        for tenant in ("alice", "bob", "é\ud800"):
+            assert conversation_key(tenant, "sys", "hi \ud800") == reference(
+                b"c" + f"{tenant}\x00sys\x00hi \ud800".encode("utf-8", "surrogatepass"))
+            assert user_key(tenant, "u-1") == reference(b"u" + f"{tenant}\x00u-1".encode("utf-8", "surrogatepass"))
+    assert conversation_key("alice", "", "") is None

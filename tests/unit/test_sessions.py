@@ -179,3 +179,15 @@ async def test_without_a_sessions_policy_nothing_is_recorded() -> None:
     config = gateway_config([tier("small", ["http://127.0.0.1:9/v1"])])
     ctx = await _turn(SessionStage(store), _chat("hi"), "small", config)
     assert ctx.route.session is None and await store.peek("anything") is None
+
+
+def test_a_conversation_digest_starts_from_the_tenant_alone_every_time() -> None:
+    """`conversation_digest` is a copy of the tenant's seeded digest: using one leaves the next one as new."""
+    from hashlib import blake2b
+
+    from gateway.routing.sessions import conversation_digest
+
+    used = conversation_digest("alice")
+    used.update(b"a message")
+    assert conversation_digest("alice").hexdigest() == blake2b(b"alice\x00v", digest_size=16).hexdigest()
+    assert conversation_digest("bob").hexdigest() != conversation_digest("alice").hexdigest()
