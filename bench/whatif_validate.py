@@ -139,7 +139,9 @@ def main_local(args: argparse.Namespace) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     load = workload(args.requests, args.rate, seed=args.seed, words_mu=2.5, max_out=args.max_out)
     table = folder / "difficulty.json"
-    table.write_text(json.dumps({prompt: difficulty for _, prompt, difficulty, _, _ in load}))
+    table.write_text(json.dumps({prompt: difficulty for _, prompt, difficulty, _, _ in load} | (
+        {prompt: difficulty for name in LOCAL_SCENARIOS for _, prompt, difficulty, _, _ in tagged(load, name)}
+        if args.interleave else {})))
     routes_file = local_routes(folder)
     load_before = os.getloadavg()
     statuses: dict[str, dict[str, int]] = {}
@@ -192,6 +194,16 @@ def blocks(load: list[Any], block_s: float) -> list[list[Any]]:
     return [block for block in out if block]
 
 
+def tagged(load: list[Any], name: str) -> list[Any]:
+    """`load` with each prompt led by the policy's name (`A request 12: ...`): the same number of tokens for every
+    policy, and no prompt of one policy's run a prefix of the other's. Interleaved, both policies' gateways send
+    the same workload to the same llama-server children, which keep every prompt they prefilled (llama.cpp's
+    prompt cache): untagged, each of B's requests that reached the replica A's had found 92-94 % of its prompt
+    cached (about half of B's answers on pairs 5 and 7, docs/BENCHMARKS.md), which the replay of log A cannot
+    know (it prefills a moved request whole) and which no candidate would find in production."""
+    return [(at, f"{name} {prompt}", *rest) for at, prompt, *rest in load]
+
+
 def interleaved(procs: Procs, folder: Path, table: Path, load: list[Any], block_s: float) -> dict[str, dict[str, int]]:
     """Runs A and B interleaved on the same llama.cpp servers (started once): the workload in `block_s`-second
     blocks, each block sent to A's gateway then to B's, each send starting at PHASE_S into a UTC minute once the
@@ -217,7 +229,7 @@ def interleaved(procs: Procs, folder: Path, table: Path, load: list[Any], block_
     for k, part in enumerate(parts):
         for name in LOCAL_SCENARIOS:
             print(f"block {k + 1}/{len(parts)}, policy {name}: {len(part)} requests ...", file=sys.stderr)
-            for status, count in asyncio.run(send_load(f"http://127.0.0.1:{ports[name]}", part)).items():
+            for status, count in asyncio.run(send_load(f"http://127.0.0.1:{ports[name]}", tagged(part, name))).items():
                 statuses[name][status] = statuses[name].get(status, 0) + count
     for name, gateway in gateways.items():
         gateway.terminate()  # drains, then the log is flushed and closed

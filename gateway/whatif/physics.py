@@ -43,6 +43,7 @@ import bisect
 import dataclasses
 import random
 from collections.abc import Sequence
+from typing import NamedTuple
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -178,34 +179,79 @@ class HostSpeed:
             for q in (5, 50, 95)}}
 
 
+CPU_BATCH_SLOPE = 1.0  # llama.cpp on CPU threads: k sequences about k times one's step, unless fitted (`fit_sharing`)
 CONTENTION_MAX = 1.0  # two replicas busy on two shared cores: each at most twice as slow as alone (+ h x 1)
 CONTENTION_BUCKET_S = 30.0  # the stretch over which the machine's external speed is taken as one
 CONTENTION_GRID = 101  # values of h tried, 0 to CONTENTION_MAX
+BATCH_SLOPE_MAX = 3.0  # a second sequence on a replica at most 3 more single steps (the log: 2.0-2.75 on q4)
+BATCH_SLOPE_GRID = 61  # values of a tier's batch slope tried, 0 to BATCH_SLOPE_MAX
+BATCH_MIN = 20  # answers that shared their replica at least half their run, before a tier's batch slope is fitted
+FIT_ROUNDS = 10  # rounds of the contention and the batch slopes fitted in turn, at most
 
 
-def fit_contention(answers: Sequence[tuple[str, float, float, float]]) -> float:
-    """How much each other busy replica of a machine slows a step (h, from 0 to CONTENTION_MAX), from its answers as
-    (tier, mid-time s, the machine's other replicas busy meanwhile on average, slowdown): the h whose
-    log(slowdown / (1 + h x others)) deviates least (mean absolute deviation) from its tier's median in each
-    CONTENTION_BUCKET_S stretch (the external speed, which moves over tens of seconds, is taken out within a
-    stretch: what is left is the gateway's own concurrency against the answers' speed at about the same time).
-    Stretches of fewer than 3 answers of a tier say nothing; 0 when none is left."""
-    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for tier, mid, others, slowdown in answers:
-        if slowdown > 0:
-            groups.setdefault((tier, int(mid // CONTENTION_BUCKET_S)), []).append((others, float(np.log(slowdown))))
-    kept = [np.array(rows) for rows in groups.values() if len(rows) >= 3]
+class Answer(NamedTuple):
+    """One answer the log shows on a CPU-served replica, as `fit_sharing` reads it."""
+
+    tier: str
+    mid: float  # the middle of its run (Unix s): which stretch of the machine's external speed it ran in
+    others: float  # the machine's other replicas busy meanwhile (time-average)
+    beside: float  # the other answers on its own replica meanwhile (time-average)
+    hold: float  # its logged run, s (admission to its end)
+    prefill: float  # its engine's prefill, s
+    decode: float  # its engine's decode of its output at batch 1, s (tokens x tpot_1)
+
+
+def fit_sharing(answers: Sequence[Answer]) -> tuple[float, dict[str, float]]:
+    """What sharing a machine costs its llama.cpp replicas' steps: h, how much each other busy replica of the machine
+    slows a step (0 to CONTENTION_MAX), and each tier's batch slope s, how much each other sequence on the replica
+    adds to a decode step (0 to BATCH_SLOPE_MAX; a tier with fewer than BATCH_MIN answers that shared their replica
+    for at least half their run keeps CPU_BATCH_SLOPE): the values whose residuals
+
+        log(hold) - log(prefill + decode x (1 + s x beside)) - log(1 + h x others)
+
+    deviate least (mean absolute deviation) from their tier's median in each CONTENTION_BUCKET_S stretch (the
+    external speed, which moves over tens of seconds, is taken out within a stretch: what is left is the gateway's
+    own concurrency against the answers' speed at about the same time). h and the slopes are fitted in turn (each
+    on a grid, the least of equals) until neither moves. Stretches of fewer than 3 answers of a tier say nothing;
+    h 0 and no slope when none is left. The batch slope is the tier's own: llama.cpp's CPU kernels reuse a
+    quantized model's weights across sequences only from four at once up (a q4 step of two sequences costs at least
+    two single ones, docs/BENCHMARKS.md), an f16 model's they do."""
+    groups: dict[tuple[str, int], list[Answer]] = {}
+    for answer in answers:
+        if answer.hold > 0 and answer.prefill + answer.decode > 0:
+            groups.setdefault((answer.tier, int(answer.mid // CONTENTION_BUCKET_S)), []).append(answer)
+    kept: dict[str, list[np.ndarray]] = {}
+    for (tier, _), rows in groups.items():
+        if len(rows) >= 3:
+            kept.setdefault(tier, []).append(np.array([(float(np.log(a.hold)), a.prefill, a.decode, a.beside,
+                                                        a.others) for a in rows]))
     if not kept:
-        return 0.0
-    best, best_h = float("inf"), 0.0
-    for h in np.linspace(0.0, CONTENTION_MAX, CONTENTION_GRID):
-        deviation = 0.0
-        for rows in kept:
-            y = rows[:, 1] - np.log1p(h * rows[:, 0])
-            deviation += float(np.abs(y - np.median(y)).sum())
-        if deviation < best - 1e-12:
-            best, best_h = deviation, float(h)
-    return best_h
+        return 0.0, {}
+    fitted = [tier for tier, stretches in kept.items()
+              if sum(int((rows[:, 3] >= 0.5).sum()) for rows in stretches) >= BATCH_MIN]
+    contentions = np.linspace(0.0, CONTENTION_MAX, CONTENTION_GRID)
+    grid = np.linspace(0.0, BATCH_SLOPE_MAX, BATCH_SLOPE_GRID)
+
+    def deviation(tier: str, h: np.ndarray, slope: np.ndarray) -> np.ndarray:
+        """The tier's deviation at each (h, slope) pair of the broadcast arrays."""
+        total = np.zeros(np.broadcast(h, slope).shape)
+        for rows in kept[tier]:
+            log_hold, prefill, decode, beside, others = (rows[:, k] for k in range(5))
+            y = log_hold - np.log(prefill + decode * (1 + slope[..., None] * beside)) - np.log1p(h[..., None] * others)
+            total += np.abs(y - np.median(y, axis=-1, keepdims=True)).sum(axis=-1)
+        return total
+
+    slopes = {tier: CPU_BATCH_SLOPE for tier in kept}
+    h = 0.0
+    for _ in range(FIT_ROUNDS):
+        total = sum(deviation(tier, contentions, np.array(slopes[tier])) for tier in kept)
+        new_h = float(contentions[int(np.argmin(total))])
+        new = {tier: float(grid[int(np.argmin(deviation(tier, np.array(new_h), grid)))]) if tier in fitted
+               else slopes[tier] for tier in kept}
+        if new_h == h and new == slopes:
+            break
+        h, slopes = new_h, new
+    return h, {tier: slopes[tier] for tier in fitted}
 
 
 def machine(tier: Tier) -> str:
@@ -235,8 +281,6 @@ class Fitted:
                    if m is not None},
                 **({"host_speed": self.host.describe()} if self.host is not None else {})}
 
-
-CPU_BATCH_SLOPE = 1.0  # llama.cpp on CPU threads: k sequences decoded together take about k times one's step
 
 
 def cpu_served(tier: Tier) -> bool:

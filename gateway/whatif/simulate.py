@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from gateway.config import GatewayConfig
 from gateway.whatif.decide import HITS
 from gateway.whatif.fleet import Arrival, Fleet
-from gateway.whatif.physics import (MIN_SAMPLES, Fitted, HostSpeed, QuantileMap, Samples, cpu_served, fit,
-                                    fit_contention, machine)
+from gateway.whatif.physics import (MIN_SAMPLES, Answer, Fitted, HostSpeed, QuantileMap, Samples, cpu_served, fit,
+                                    fit_sharing, machine)
 from gateway.whatif.records import SHED, Logged
 from gateway.whatif.replay import RECORDED, Window
 from gateway.whatif.summary import Tally
@@ -32,6 +32,8 @@ class FleetFit:
     tpot_1: Mapping[str, float]
     maps: Mapping[tuple[str, str], QuantileMap]
     hosts: Mapping[str, HostSpeed] = dataclasses.field(default_factory=dict)  # by machine (`machine`)
+    tier_hosts: Mapping[str, HostSpeed] = dataclasses.field(default_factory=dict)  # by tier: its own answers'
+    batch_slope: Mapping[str, float] = dataclasses.field(default_factory=dict)  # a CPU-served tier's, fitted
 
 
 POOLED = ""  # FleetFit.maps' tier of all tiers together
@@ -43,8 +45,9 @@ MAP_PASSES = 2  # fleet runs with the maps in place, each refitting them against
 def fitted_physics(config: GatewayConfig, samples: Mapping[str, Samples],
                    fleet: FleetFit = NO_FIT) -> dict[str, Fitted]:
     """Each chat tier of `config`'s routes with its physics fitted from the samples of its name, then `fleet`'s decode
-    speed and TTFT maps (a tier without its own map of a kind: all tiers' pooled); a CPU-served tier its machine's
-    speed over the window (`fleet.hosts`) and no busy map (`physics` module docstring)."""
+    speed and TTFT maps (a tier without its own map of a kind: all tiers' pooled); a CPU-served tier its speed over
+    the window (`fleet.tier_hosts`, else its machine's, `fleet.hosts`), its fitted batch slope and no busy map
+    (`physics` module docstring)."""
     tiers = {tier.name: tier for tier in config.routes.tiers if tier.endpoint == "chat"}
     maps = fleet.maps
     out = {}
@@ -52,7 +55,10 @@ def fitted_physics(config: GatewayConfig, samples: Mapping[str, Samples],
         f = fit(tier, samples.get(name))
         tpot_1 = fleet.tpot_1.get(name)
         profile = f.profile if tpot_1 is None else dataclasses.replace(f.profile, tpot_1_s=tpot_1)
-        host = fleet.hosts.get(machine(tier)) if cpu_served(tier) else None
+        host = None
+        if cpu_served(tier):
+            host = fleet.tier_hosts.get(name) or fleet.hosts.get(machine(tier))
+            profile = dataclasses.replace(profile, batch_slope=fleet.batch_slope.get(name, profile.batch_slope))
         out[name] = _mapped(dataclasses.replace(f, profile=profile, host=host), name, maps, cpu_served(tier))
     return out
 
@@ -63,17 +69,30 @@ def _mapped(fitted: Fitted, name: str, maps: Mapping[tuple[str, str], QuantileMa
     return dataclasses.replace(fitted, stream_map=stream, whole_map=whole, busy_map=None if cpu else busy)
 
 
-def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fitted]) -> dict[str, HostSpeed]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostFit:
+    """What `host_speeds` measures of the machines that serve CPU-served tiers."""
+
+    machines: dict[str, HostSpeed]  # by machine (`physics.machine`): from all its tiers' answers
+    tiers: dict[str, HostSpeed]  # by tier: from its own answers (its replicas' external speed)
+    batch_slope: dict[str, float]  # by tier, where the log shows enough of its answers sharing a replica
+
+
+def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fitted]) -> HostFit:
     """Each machine's speed over the window (`physics.HostSpeed`), from the answers the log shows on its CPU-served
     tiers' replicas (`config`: the routes that produced the log). An answer ran on its replica from its admission
     (arrival + queue wait) to its end (e2e); beside it, the other answers the log shows on that replica then (the
     time-average of their number over its run, `c`). What its engine would take: its uncached prompt at the tier's
-    prefill speed and its output at tpot_1 x (1 + batch_slope x c) a token (`physics[tier]`: the engine's model of
-    one replica); its slowdown is its logged hold over that. The machine's other replicas busy meanwhile (each the
-    share of the answer's run it held any answer: the time-average of their number) are the gateway's own load on
-    the cores: `physics.fit_contention` fits how much each one slows a step (h) from the answers, and the slowdown
-    less that, 1 + h x others, divided by its tier's median (what the fleet fit's decode speed takes up), is the
-    machine's external speed: > 1 when the machine ran the answer slower than the gateway's own load says."""
+    prefill speed and its output at tpot_1 x (1 + s x c) a token (`physics[tier]`: the engine's model of one
+    replica, s its batch slope); its slowdown is its logged hold over that. The machine's other replicas busy
+    meanwhile (each the share of the answer's run it held any answer: the time-average of their number) are the
+    gateway's own load on the cores: `physics.fit_sharing` fits how much each one slows a step (h) and each tier's
+    batch slope s from the answers, and the slowdown less that, 1 + h x others, divided by its tier's median (what
+    the fleet fit's decode speed takes up), is the external speed: > 1 when the machine ran the answer slower than
+    the gateway's own load says. Measured per tier, from its own answers (`HostFit.tiers`): the replicas of a q4
+    and of an f16 model on the same cores are not slowed alike by the same moment's other work (compute- and
+    memory-bound kernels), and what of a tier's own load the model misses stays with it instead of slowing the
+    other tier's answers; and per machine from all its answers (`HostFit.machines`), for a tier without its own."""
     tiers = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
     runs: dict[str, list[tuple[float, float]]] = {}  # by replica: every answer that occupied it
     hosts: dict[str, str] = {}  # each replica's machine
@@ -91,28 +110,34 @@ def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fit
             answers.append((rec.tier, rec.backend, start, end, rec))
     busy = {backend: _Occupancy(spans) for backend, spans in runs.items()}
     held = {backend: _Occupancy(_union(spans)) for backend, spans in runs.items()}  # 1 while any answer runs
-    measured: dict[str, list[tuple[str, float, float, float, float]]] = {}  # by machine
+    measured: dict[str, list[tuple[float, float, Answer]]] = {}  # by machine
     for name, backend, start, end, rec in answers:
         p = physics[name].profile
-        beside = busy[backend].integral(start, end) / (end - start) - 1  # the answer itself is one
-        model = max(0, rec.prompt - rec.cached) / p.prefill_tps + \
-            max(1, rec.completion) * p.tpot_1_s * (1 + p.batch_slope * max(0.0, beside))
+        beside = max(0.0, busy[backend].integral(start, end) / (end - start) - 1)  # the answer itself is one
         host = hosts[backend]
         others = sum(occupancy.integral(start, end) for other, occupancy in held.items()
                      if other != backend and hosts[other] == host) / (end - start)
-        measured.setdefault(host, []).append((name, start, end, others, (end - start) / model))
-    out = {}
+        measured.setdefault(host, []).append((start, end, Answer(
+            name, (start + end) / 2, others, beside, end - start, max(0, rec.prompt - rec.cached) / p.prefill_tps,
+            max(1, rec.completion) * p.tpot_1_s)))
+    out = HostFit({}, {}, {})
     for host, values in measured.items():
-        h = fit_contention([(name, (a + b) / 2, others, r) for name, a, b, others, r in values])
+        h, slopes = fit_sharing([answer for _, _, answer in values])
+        out.batch_slope.update(slopes)
         external: dict[str, list[tuple[float, float, float]]] = {}
-        for name, a, b, others, r in values:
-            external.setdefault(name, []).append((a, b, r / (1 + h * others)))
+        for a, b, answer in values:
+            slope = slopes.get(answer.tier, physics[answer.tier].profile.batch_slope)
+            model = answer.prefill + answer.decode * (1 + slope * answer.beside)
+            external.setdefault(answer.tier, []).append((a, b, answer.hold / model / (1 + h * answer.others)))
         spans: list[tuple[float, float, float]] = []
-        for rows in external.values():
+        for name, rows in external.items():
             typical = statistics.median(r for _, _, r in rows)
-            spans.extend((a, b, r / typical) for a, b, r in rows)
+            own = [(a, b, r / typical) for a, b, r in rows]
+            spans.extend(own)
+            if (speed := HostSpeed.fit(own, h)) is not None:
+                out.tiers[name] = speed
         if (speed := HostSpeed.fit(spans, h)) is not None:
-            out[host] = speed
+            out.machines[host] = speed
     return out
 
 
@@ -180,7 +205,10 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
     cpu = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
     hosts = host_speeds(config, window, physics)
     for name, cpu_tier in cpu.items():
-        physics[name] = dataclasses.replace(physics[name], host=hosts.get(machine(cpu_tier)))
+        physics[name] = dataclasses.replace(
+            physics[name], host=hosts.tiers.get(name) or hosts.machines.get(machine(cpu_tier)),
+            profile=dataclasses.replace(physics[name].profile,
+                                        batch_slope=hosts.batch_slope.get(name, physics[name].profile.batch_slope)))
     arrivals: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
         rec = row.rec
@@ -224,7 +252,7 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
             continue
         maps = {key: m for key, (sim, logged) in found.items() if (m := QuantileMap.fit(sim, logged)) is not None}
         physics = {name: _mapped(f, name, maps, name in by_hold) for name, f in physics.items()}
-    return FleetFit(tpot_1, maps, hosts)
+    return FleetFit(tpot_1, maps, hosts.machines, hosts.tiers, hosts.batch_slope)
 
 
 def record_window(window: Window, tally: Tally) -> None:

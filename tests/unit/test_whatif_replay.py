@@ -441,17 +441,21 @@ def test_the_contention_is_fitted_within_stretches_of_one_external_speed_and_cap
     between 30-second stretches (1x, 2.5x, 0.7x, 1x): the fit finds 0.4 (the stretches' own speed taken out), though
     the others were busy in the slow stretch only (a fit across stretches takes its slowness for contention). A
     slowdown steeper than two shared cores allow (3x with one other busy) is capped at CONTENTION_MAX."""
-    from gateway.whatif.physics import CONTENTION_MAX, fit_contention
+    from gateway.whatif.physics import CONTENTION_MAX, Answer, fit_sharing
+
+    def answer(mid: float, others: float, slowdown: float) -> Answer:  # alone on its replica, 1 s of engine time
+        return Answer("small", mid, others, 0.0, slowdown, 0.1, 0.9)
 
     answers = []
     for stretch, external in enumerate((1.0, 2.5, 0.7, 1.0)):
         for i in range(12):
             others = (i % 2) * 0.5 + (1.5 if external > 1 else 0.0)  # the others busy in the slow stretch
-            answers.append(("small", stretch * 30 + 2 * i + 0.5, others, external * (1 + 0.4 * others)))
-    assert fit_contention(answers) == pytest.approx(0.4, abs=0.011)
-    steep = [("small", 2.0 * i, float(i % 2), 1.0 + 2.0 * (i % 2)) for i in range(12)]
-    assert fit_contention(steep) == CONTENTION_MAX
-    assert fit_contention([("small", 0.0, 1.0, 2.0)] * 2) == 0.0  # too few in a stretch to say
+            answers.append(answer(stretch * 30 + 2 * i + 0.5, others, external * (1 + 0.4 * others)))
+    h, slopes = fit_sharing(answers)
+    assert h == pytest.approx(0.4, abs=0.011) and slopes == {}  # no answer shared its replica: no slope to fit
+    steep = [answer(2.0 * i, float(i % 2), 1.0 + 2.0 * (i % 2)) for i in range(12)]
+    assert fit_sharing(steep)[0] == CONTENTION_MAX
+    assert fit_sharing([answer(0.0, 1.0, 2.0)] * 2) == (0.0, {})  # too few in a stretch to say
 
 
 def _pair_log(cfg: GatewayConfig) -> Any:
