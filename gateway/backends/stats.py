@@ -56,7 +56,7 @@ def server_decode_s(answer: Mapping[str, Any]) -> float | None:
     """The seconds a non-streamed answer spent decoding, as the server reports it (llama.cpp's
     `timings.predicted_ms`); None when it does not say."""
     timings = answer.get("timings")
-    decode_ms = timings.get("predicted_ms") if isinstance(timings, Mapping) else None
+    decode_ms = timings.get("predicted_ms") if type(timings) is dict else None  # (decoded JSON: no ABC check)
     if isinstance(decode_ms, (int, float)) and not isinstance(decode_ms, bool) and 0 <= decode_ms < math.inf:
         return decode_ms / 1000
     return None

@@ -32,6 +32,12 @@ class GpuHour(Frozen):
     decode_tokens_per_s: float = Field(gt=0, description="measured output throughput of one replica (batched)")
 
 
+def nano_usd(usd: float) -> float:
+    """`usd` to the nano-dollar: round(usd, 9) but for ties within a float's error of half a nano-dollar, at a
+    third of its instructions (round with digits goes through a decimal string; a log line prices several)."""
+    return round(usd * 1e9) / 1e9
+
+
 class Prices(Frozen):
     """USD per million tokens (or `gpu_hour`), in force from `effective_from` (UTC day) on."""
 
@@ -53,13 +59,13 @@ class Prices(Frozen):
         gpu = self.gpu_hour
         if gpu is not None:
             seconds = prompt_tokens / gpu.prefill_tokens_per_s + completion_tokens / gpu.decode_tokens_per_s
-            return round(seconds * gpu.usd_per_hour / 3600, 9)
+            return nano_usd(seconds * gpu.usd_per_hour / 3600)
         input_rate, cached_rate, output_rate = self.input_per_mtok, self.cached_input_per_mtok, self.output_per_mtok
         assert input_rate is not None and output_rate is not None
         cached = cached_tokens if cached_tokens < prompt_tokens else prompt_tokens
         total = ((prompt_tokens - cached) * input_rate + cached * (input_rate if cached_rate is None else cached_rate)
                  + completion_tokens * output_rate)
-        return round(total / 1_000_000, 9)
+        return nano_usd(total / 1_000_000)
 
 
 class EmulatorLaunch(Frozen):

@@ -18,6 +18,7 @@ from typing import Any
 from gateway.accounting.log import bounded, log_request
 from gateway.clock import iso_ms, utc_day
 from gateway.config import GatewayConfig, Tier
+from gateway.config.routes import nano_usd
 from gateway.config.tokenizers import build_counters
 from gateway.context import RequestContext
 from gateway.dashboard.window import meets_slo
@@ -103,7 +104,7 @@ class Accountant:
             "cost_usd": cost,
             "avoided_cost_usd": avoided,
             "baseline_cost_usd": baseline,
-            "saved_usd": round(baseline - cost, 9),
+            "saved_usd": nano_usd(baseline - cost),
             "ttft_slo_ms": ctx.tenant.ttft_slo_ms if ctx.tenant else None,
             "resumed": bool(ctx.upstream.resumed_parts),  # a stream that broke and went on elsewhere (issue 32)
             "parts": priced_parts(ctx, day) if ctx.upstream.resumed_parts else None,

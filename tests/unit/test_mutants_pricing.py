@@ -136,3 +136,21 @@ def test_a_dated_list_in_order_is_kept_as_given() -> None:
                {"effective_from": "2026-03-01", "input_per_mtok": 2.0, "output_per_mtok": 2.0}]
     t = dated_tier(entries)
     assert isinstance(t.prices, tuple) and [p.input_per_mtok for p in t.prices] == [1.0, 2.0]
+
+
+def test_nano_usd_is_round_to_nine_digits_but_for_ties_within_a_float_s_error() -> None:
+    """`nano_usd` (round(x * 1e9) / 1e9, the cheaper form) gives round(x, 9) for every price a request line holds:
+    tokens up to 200,000 at rates with cents, and the differences of two such prices (saved_usd); they could
+    differ by one nano-dollar only at a tie within a float's error, which none of these meets."""
+    from random import Random
+
+    from gateway.config.routes import nano_usd
+    rng = Random(7)
+    rates = [0.0, 0.01, 0.05, 0.15, 0.2, 0.6, 1.25, 2.5, 3.0, 10.0, 15.0, 75.0]
+    for _ in range(20_000):
+        total = rng.randrange(200_000) * rng.choice(rates) + rng.randrange(200_000) * rng.choice(rates)
+        usd = total / 1_000_000
+        other = rng.randrange(2_000) * rng.choice(rates) / 1_000_000
+        assert nano_usd(usd) == round(usd, 9) and nano_usd(usd - other) == round(usd - other, 9)
+    assert nano_usd(0.0000012345) == 0.000001234 or nano_usd(0.0000012345) == 0.000001235
+    assert nano_usd(1.23456789049) == 1.23456789 and nano_usd(-2.5e-10) == 0.0
