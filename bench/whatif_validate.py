@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import yaml
 
 from gateway.bench.procs import Procs, emulator_argv, free_port, pinning, stop_on_sigterm, wait_gateway, wait_http
@@ -375,6 +377,73 @@ def analyse(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return compare
 
 
+def explain(folder: Path, meta: dict[str, Any]) -> str:
+    """Each log of `folder` replayed against its own policy (`--calibrate`), request by request: where the replay's
+    TTFT p50 comes from. Per log: the p50 logged and replayed; how many logged TTFTs lie within 10 % of the logged
+    p50 (about half that many requests crossing it moves the p50 out of the target); the requests on the other side
+    of the logged p50 in the replay than in the log, by tier, kind (streamed first token or whole answer) and cause
+    (the replayed queue wait differs by more than half the TTFT's change; else what follows admission; or shed on
+    one side only), net (+: more below the p50 in the replay); the p50 error with each request's queue wait the
+    logged one (the replay's after admission) and, inversely, the logged TTFT after admission with the replay's wait;
+    and the p50 error with every CPU-served tier's fitted decode step 0.5 % shorter or longer (what no fit of a
+    log can pin: where this moves the p50 by points, the figure is the queue's chaos, not the physics); and how
+    many of its answers found part of their prompt in the backend's cache (`cached_tokens` > 0)."""
+    from gateway.config import load_config
+    from gateway.whatif.decide import HITS
+    from gateway.whatif.replay import replay
+    from gateway.whatif.simulate import fit_fleet, fitted_physics, simulate_window
+    from gateway.whatif.summary import Tally
+
+    def p50_error(logged: list[float], replayed: list[float], q: float = 50) -> float:
+        return 100 * (float(np.percentile(replayed, q)) / float(np.percentile(logged, q)) - 1)
+
+    scenarios = LOCAL_SCENARIOS if meta.get("stack") == "local" else SCENARIOS
+    lines = ["| log | p50 logged / replayed | within 10 % of it | across it in the replay: tier kind cause (net) | "
+             "p50 error; the log's waits; the replay's waits | decode x0.995 / x1 / x1.005 | prompt found cached |",
+             "| --- | --- | ---: | --- | --- | --- | ---: |"]
+    for name in scenarios:
+        config = load_config(folder / f"routes-{name}.yaml", folder / f"policy-{name}.yaml")
+        result = replay([folder / f"requests-{name}.log"], {"baseline": config})
+        fleet = fit_fleet(config, result.window, result.samples)
+        errors: list[float] = []
+        sent: list[Any] = []
+        for scale in (0.995, 1.0, 1.005):
+            scaled = dataclasses.replace(fleet, tpot_1={k: v * scale for k, v in fleet.tpot_1.items()})
+            each = simulate_window("baseline", config, result.window, fitted_physics(config, result.samples, scaled),
+                                   Tally())
+            logged = [r.ttft_ms for row in result.window.rows if (r := row.rec).served and r.ttft_ms is not None
+                      and r.cache not in HITS and r.tier is not None]
+            errors.append(p50_error(logged, [a.ttft_ms for _, a in each if a.shed is None and a.ttft_ms is not None]))
+            if scale == 1.0:
+                sent = each
+        replayed = [a.ttft_ms for _, a in sent if a.shed is None and a.ttft_ms is not None]
+        p50 = float(np.percentile(logged, 50))
+        near = sum(1 for x in logged if abs(x - p50) <= 0.1 * p50)
+        across: dict[str, int] = {}
+        both = [(r, a) for r, a in sent if r.served and r.ttft_ms is not None and a.shed is None and a.ttft_ms is not None]
+        for r, a in sent:
+            lt = r.ttft_ms if r.served and r.ttft_ms is not None else None
+            st = a.ttft_ms if a.shed is None else None
+            below_l, below_s = (None if x is None else x < p50 for x in (lt, st))
+            if below_l == below_s:
+                continue
+            if lt is None or st is None:
+                cause = "shed in the log" if lt is None else "shed in the replay"
+            else:
+                cause = "queue" if abs(a.waited_s * 1000 - r.queue_ms) > 0.5 * abs(st - lt) else "after admission"
+            key = f"{a.tier} {'streamed' if r.stream else 'whole'} {cause}"
+            across[key] = across.get(key, 0) + (1 if below_s else 0) - (1 if below_l else 0)
+        swapped = p50_error([r.ttft_ms for r, _ in both], [a.ttft_ms - a.waited_s * 1000 + r.queue_ms for r, a in both])
+        inverse = p50_error([r.ttft_ms for r, _ in both], [r.ttft_ms - r.queue_ms + a.waited_s * 1000 for r, a in both])
+        lines.append(
+            f"| {name} | {p50:,.0f} / {float(np.percentile(replayed, 50)):,.0f} ms ({errors[1]:+.1f} %) | "
+            f"{near} of {len(logged)} | {'; '.join(f'{k} {v:+d}' for k, v in sorted(across.items()) if v) or '-'} | "
+            f"{p50_error([r.ttft_ms for r, _ in both], [a.ttft_ms for _, a in both]):+.1f} %; {swapped:+.1f} %; "
+            f"{inverse:+.1f} % | {' / '.join(f'{e:+.1f}' for e in errors)} % | "
+            f"{sum(1 for r, _ in sent if r.served and r.cached > 0)} of {sum(1 for r, _ in sent if r.served)} |")
+    return "\n".join(lines)
+
+
 def changed(pred: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
     """A changed policy's prediction (from log A) against what its own run recorded."""
     tiers = {}
@@ -420,6 +489,13 @@ def markdown(c: dict[str, Any]) -> str:
         if t.get("ttft_p50") is not None:
             lines.append(f"| TTFT p50 / p99 {tier} | {100 * t['ttft_p50']:+.1f} % / "
                          f"{100 * (t['ttft_p99'] or 0):+.1f} % | 10 % / 20 % |")
+    hosts = {tier: p for tier, p in c.get("own_physics", {}).items() if "host_speed" in p}
+    if hosts:
+        lines += ["", "Fitted on log A (llama.cpp tiers): contention h " + ", ".join(
+            sorted({f"{p['host_speed']['contention']:.2f}" for p in hosts.values()})) + "; " + "; ".join(
+            f"{tier} batch slope {p['batch_slope']:.2f}, external factor p5 / p50 / p95 "
+            f"{' / '.join(f'{v:.2f}' for v in p['host_speed']['factor'].values())}" for tier, p in sorted(hosts.items()))
+            + "."]
     lines += ["", "Each run's log against its own policy (`--calibrate`), TTFT p50 / p99 overall: " + "; ".join(
         f"{name} {100 * (e['ttft_p50'] or 0):+.1f} % / {100 * (e['ttft_p99'] or 0):+.1f} %"
         for name, e in c.get("own_each", {}).items()) + "."]
@@ -460,6 +536,9 @@ def main() -> int:
                              "servers (S + 5 <= 60; 0: one run after the other, fresh servers each)")
     parser.add_argument("--analyse", action="store_true",
                         help="no runs: `gateway whatif` again on the logs of an earlier run in --out")
+    parser.add_argument("--explain", action="store_true",
+                        help="with --analyse: each log against its own policy request by request (where the p50 "
+                             "comes from)")
     parser.add_argument("--gateway-child", action="store_true", help=argparse.SUPPRESS)
     for name in ("--routes", "--policies", "--table", "--log-file"):
         parser.add_argument(name, help=argparse.SUPPRESS)
@@ -470,7 +549,10 @@ def main() -> int:
     if args.interleave and not 0 < args.interleave <= 60 - PHASE_S:
         parser.error(f"--interleave: a block fits one minute's rate-limit window, 0 < S <= {60 - PHASE_S:g}")
     if args.analyse:
-        print(markdown(analyse(args.out, json.loads((args.out / "runs.json").read_text()))))
+        meta = json.loads((args.out / "runs.json").read_text())
+        print(markdown(analyse(args.out, meta)))
+        if args.explain:
+            print("\n" + explain(args.out, meta))
         return 0
     return main_local(args) if args.stack == "local" else main_run(args)
 

@@ -37,8 +37,9 @@ NOT_MODELLED = (
     "semantic cache hits on a tier other than the logged one; prefix-cache hits beyond the logged ones (a request "
     "moved to another tier is prefilled whole); output lengths on another tier (the logged ones); "
     "a CPU-served (llama.cpp) machine's external load under the candidate (its other tenants' work: the speed "
-    "the log measured at each moment beyond the gateway's own contention is replayed as it was; only the "
-    "contention of the machine's replicas busy at once follows the candidate's load), the gateway process's own "
+    "each tier's replicas ran at beyond the gateway's own load is replayed as the log measured it; only the "
+    "contention of the machine's replicas busy at once and each replica's own batch follow the candidate's load), "
+    "the gateway process's own "
     "CPU per request (part of the external speed, as the log's traffic spent it)")
 
 

@@ -29,12 +29,13 @@ A CPU-served tier (llama.cpp threads, `cpu_served`) runs on a machine whose spee
 window: each answer's hold (e2e less its queue wait) against what its engine would take for its tokens beside the
 requests the log shows on its replica moves over time, tens of seconds at a time, and on all the machine's replicas
 together (other work on the cores, the gateway and the clients on them). `HostSpeed` is that speed, measured from the
-log (`simulate.host_speeds`) in two parts: the gateway's own contention (each other replica of the machine busy at
-once adds h to a step's time: `fit_contention`, which a candidate's own load changes) and the machine's external
-speed at the time, what is left (other tenants' work, which it does not). Each engine step of such a tier takes
-`HostSpeed.step(t, others busy)` times the profile's step, and its gateway slot is held to its engine's last token
-(no busy map: the hold's spread is the host's, at the time the log measured it, and the replicas' concurrency, not
-a rank).
+log (`simulate.host_speeds`) in two parts: the gateway's own load, which a candidate changes (each other replica of
+the machine busy at once adds h to a step's time, and each other sequence on the replica adds the tier's own batch
+slope to a decode step: `fit_sharing`), and the external speed at the time, what is left (other tenants' work,
+which it does not), measured per tier on its own answers. Each engine step of such a tier takes
+`HostSpeed.step(t, others busy)` times the profile's step (at the fitted batch slope), and its gateway slot is held
+to its engine's last token (no busy map: the hold's spread is the host's, at the time the log measured it, and the
+replicas' concurrency, not a rank).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class QuantileMap:
 class HostSpeed:
     """A machine's speed over the window, as the log measured it, in two parts. `contention`: the gateway's own load
     on the machine's cores, which a candidate policy changes: each other replica of the machine busy at once adds
-    `contention` to a step's time (h: 1 + h x the others busy; `fit_contention`). The rest is the machine's
+    `contention` to a step's time (h: 1 + h x the others busy; `fit_sharing`). The rest is the machine's
     external speed at the time, which a policy does not change (other tenants' work on its cores): the factor on an
     engine step's time from `cuts[i]` to `cuts[i + 1]` (Unix seconds) is `factors[i]`, 1 (the machine's median
     speed) before the first cut and after the last one. Fitted (`fit`) on the answers the log shows on the

@@ -268,10 +268,12 @@ def record_window(window: Window, tally: Tally) -> None:
 
 
 def simulate_window(name: str, config: GatewayConfig, window: Window, physics: Mapping[str, Fitted],
-                    tally: Tally) -> None:
-    """Scenario `name`'s window through its fleet; TTFTs and sheds into `tally`."""
+                    tally: Tally) -> list[tuple[Logged, Arrival]]:
+    """Scenario `name`'s window through its fleet; TTFTs and sheds into `tally`. Returns each request sent to the
+    fleet, as logged and as simulated (what `bench/whatif_validate.py --explain` compares)."""
     assert name != RECORDED
     arrivals: list[Arrival] = []
+    sent: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
         decision, rec = row.decisions[name], row.rec
         tally.window_requests += 1
@@ -284,12 +286,14 @@ def simulate_window(name: str, config: GatewayConfig, window: Window, physics: M
         cached = rec.cached if decision.tier == rec.tier else 0
         arrivals.append(Arrival(rec.arrival, rec.tenant, decision.tier, decision.prompt - cached,
                                 decision.completion, rec.stream))
+        sent.append((rec, arrivals[-1]))
     Fleet(config.routes, physics).run(arrivals)
     for request in arrivals:
         if request.shed is not None:
             tally.shed[request.shed] += 1
         elif request.ttft_ms is not None:
             _ttft(tally, request.tier, request.tenant, request.ttft_ms)
+    return sent
 
 
 def _ttft(tally: Tally, tier: str, tenant: str, ttft_ms: float) -> None:

@@ -510,3 +510,115 @@ def test_a_candidate_that_refuses_half_the_traffic_is_predicted_faster_on_a_flat
     assert len(candidate) == 90
     for arrival in candidate:
         assert arrival.done_s == pytest.approx(0.5, rel=0.05)
+
+
+def _shared_replica_log(cfg: GatewayConfig) -> Any:
+    """Log A on one llama.cpp replica of two slots: a request every 2 s, 40 output tokens each, every other time a
+    second one at once on the same replica. One alone took 0.5 s, two at once 1.5 s each: a second sequence on the
+    replica cost two more single steps (q4 on one shared thread: docs/BENCHMARKS.md), the external speed flat."""
+    from gateway.whatif.replay import Row, Window
+
+    rows = []
+    for n in range(90):
+        pair = n % 2 == 0
+        for k in range(2 if pair else 1):
+            e2e = 1500.0 if pair else 500.0
+            rec = line(2 * n + k, arrival_s=1_795_000_000.0 + 2 * n, stream=False, ttft_ms=e2e, tpot_ms=None,
+                       e2e_ms=e2e, completion_tokens=40, prompt_tokens=10, backend="small-a")
+            rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+    return Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+
+
+def test_a_tier_s_own_batch_slope_is_fitted_and_a_candidate_that_shares_less_runs_faster() -> None:
+    """Log A's lone answers took 0.5 s, its paired ones (two at once on one replica) 1.5 s each: the fitted batch
+    slope is 2 (not llama.cpp's nominal 1), and a candidate that refuses the second of each pair runs every answer
+    at 0.5 s. (With the slope fixed at 1, what a pair costs beyond twice a step, 1.5x, is taken for the machine's
+    external speed at the paired moments, and the candidate's lone answers then take 0.75 s.)"""
+    from gateway.whatif.simulate import fit_fleet, fitted_physics
+
+    cfg = gateway_config([_cpu_tier(parallel=2)], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]},
+                         admission={"initial_limit": 2, "min_limit": 2, "max_wait_ms": 10_000})
+    window = _shared_replica_log(cfg)
+    fleet = fit_fleet(cfg, window, {})
+    physics = fitted_physics(cfg, {}, fleet)
+    replayed = [Arrival(r.rec.arrival, "t", "small", 10, 40, False) for r in window.rows]
+    Fleet(cfg.routes, physics).run(replayed)
+    paired = sorted(a.done_s or 0.0 for a, r in zip(replayed, window.rows, strict=True) if r.rec.e2e_ms == 1500.0)
+    assert paired[len(paired) // 2] == pytest.approx(1.5, rel=0.05)  # log A against its own policy
+    seen: set[float] = set()
+    candidate = []
+    for row in window.rows:  # the second of each pair refused
+        if row.rec.arrival not in seen:
+            seen.add(row.rec.arrival)
+            candidate.append(Arrival(row.rec.arrival, "t", "small", 10, 40, False))
+    Fleet(cfg.routes, physics).run(candidate)
+    assert len(candidate) == 90
+    for arrival in candidate:
+        assert arrival.done_s == pytest.approx(0.5, rel=0.05)
+    assert fleet.batch_slope["small"] == pytest.approx(2.0, abs=0.06)
+    assert physics["small"].profile.batch_slope == fleet.batch_slope["small"]
+
+
+def test_each_tier_s_batch_slope_and_the_contention_are_fitted_together() -> None:
+    """Two tiers on one machine, slowed 1 + 0.3 x (the machine's other replicas busy) and, sharing their replica,
+    1 + s x (the others on it) on their decode (s 2 for the q4 tier, 0.7 for the f16 one), on an external speed that
+    moves between stretches: the fit finds h 0.3 and each tier's slope; a tier with fewer than BATCH_MIN answers
+    that shared their replica keeps llama.cpp's nominal 1 (no slope returned)."""
+    from gateway.whatif.physics import BATCH_MIN, Answer, fit_sharing
+
+    answers, rare = [], []
+    for stretch, external in enumerate((1.0, 1.8, 0.8, 1.2)):
+        for i in range(16):
+            others, beside = (i % 3) * 0.5, ((i // 3) % 3) * 0.5
+            for tier, slope in (("q4", 2.0), ("f16", 0.7)):
+                prefill, decode = 0.1, 0.8
+                hold = external * (1 + 0.3 * others) * (prefill + decode * (1 + slope * beside))
+                answers.append(Answer(tier, stretch * 30 + 1.5 * i + 0.5, others, beside, hold, prefill, decode))
+            if i < (BATCH_MIN - 1) // 4:  # a third tier that seldom shared its replica
+                rare.append(Answer("rare", stretch * 30 + 1.5 * i + 0.5, others, 1.0, external * 2.5, 0.1, 0.8))
+    h, slopes = fit_sharing(answers + rare)
+    assert h == pytest.approx(0.3, abs=0.011)
+    assert slopes["q4"] == pytest.approx(2.0, abs=0.051) and slopes["f16"] == pytest.approx(0.7, abs=0.051)
+    assert "rare" not in slopes
+
+
+def _two_tier_machine_log(cfg: GatewayConfig) -> Any:
+    """Log A on one machine with two llama.cpp tiers (a replica each, one slot): a small answer at each second and a
+    large one half a second later, 20 output tokens each. For its first 20 seconds the small tier's answers took
+    0.9 s, twice their 0.45 s after (its replica slow then: a slowness the large tier's answers, 0.45 s throughout,
+    did not share)."""
+    from gateway.whatif.replay import Row, Window
+
+    rows = []
+    for n in range(60):
+        for k, (name, at, e2e) in enumerate((("small", n, 900.0 if n < 20 else 450.0), ("large", n + 0.5, 450.0))):
+            rec = line(2 * n + k, arrival_s=1_795_000_000.0 + at, tier=name, stream=False, ttft_ms=e2e,
+                       tpot_ms=None, e2e_ms=e2e, completion_tokens=20, prompt_tokens=10, backend=f"{name}-a")
+            rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+    return Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+
+
+def test_each_tier_runs_at_the_external_speed_its_own_answers_measured() -> None:
+    """The small tier's replica ran slow for 20 seconds, the large tier's beside it did not: replayed against its own
+    policy, each tier's answers take their own logged time (the small ones 0.9 s then, the large ones 0.45 s
+    throughout). One speed for the machine (the geometric mean of all answers in flight) spreads the small replica's
+    slowness over both: the large answers that ran beside the slow small ones take 0.64 s, the small ones 0.80 s."""
+    from gateway.config import Tier
+    from gateway.whatif.simulate import fit_fleet, fitted_physics
+
+    tiers = [Tier.model_validate({
+        "name": name, "precision": precision, "context_window": 2048, "slots_per_replica": 1,
+        "prices": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+        "replicas": [{"name": f"{name}-a", "url": f"http://127.0.0.1:{port}/v1", "model": "m",
+                      "launch": {"kind": "llama_cpp", "model": model, "parallel": 1}}]})
+        for name, precision, port, model in (("small", "int4", 9, "gemma3-270m-q4_k_m"),
+                                             ("large", "fp16", 10, "gemma3-270m-f16"))]
+    cfg = gateway_config(tiers, policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]},
+                         admission={"initial_limit": 1, "min_limit": 1, "max_wait_ms": 10_000})
+    window = _two_tier_machine_log(cfg)
+    physics = fitted_physics(cfg, {}, fit_fleet(cfg, window, {}))
+    replayed = [Arrival(r.rec.arrival, "t", r.rec.tier or "", 10, 20, False) for r in window.rows]
+    Fleet(cfg.routes, physics).run(replayed)
+    for arrival, row in zip(replayed, window.rows, strict=True):
+        assert arrival.waited_s == 0.0
+        assert arrival.done_s == pytest.approx(row.rec.e2e_ms / 1000, rel=0.05), (row.rec.tier, row.rec.arrival)
