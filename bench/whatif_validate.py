@@ -387,7 +387,8 @@ def explain(folder: Path, meta: dict[str, Any]) -> str:
     logged one (the replay's after admission) and, inversely, the logged TTFT after admission with the replay's wait;
     and the p50 error with every CPU-served tier's fitted decode step 0.5 % shorter or longer (what no fit of a
     log can pin: where this moves the p50 by points, the figure is the queue's chaos, not the physics); and how
-    many of its answers found part of their prompt in the backend's cache (`cached_tokens` > 0)."""
+    many of its answers found part of their prompt in the backend's cache (`cached_tokens` > 0; the median share of
+    their prompt)."""
     from gateway.config import load_config
     from gateway.whatif.decide import HITS
     from gateway.whatif.replay import replay
@@ -433,14 +434,15 @@ def explain(folder: Path, meta: dict[str, Any]) -> str:
                 cause = "queue" if abs(a.waited_s * 1000 - r.queue_ms) > 0.5 * abs(st - lt) else "after admission"
             key = f"{a.tier} {'streamed' if r.stream else 'whole'} {cause}"
             across[key] = across.get(key, 0) + (1 if below_s else 0) - (1 if below_l else 0)
+        cached = [100 * r.cached / r.prompt for r, _ in sent if r.served and r.cached > 0 and r.prompt > 0]
         swapped = p50_error([r.ttft_ms for r, _ in both], [a.ttft_ms - a.waited_s * 1000 + r.queue_ms for r, a in both])
         inverse = p50_error([r.ttft_ms for r, _ in both], [r.ttft_ms - r.queue_ms + a.waited_s * 1000 for r, a in both])
         lines.append(
             f"| {name} | {p50:,.0f} / {float(np.percentile(replayed, 50)):,.0f} ms ({errors[1]:+.1f} %) | "
             f"{near} of {len(logged)} | {'; '.join(f'{k} {v:+d}' for k, v in sorted(across.items()) if v) or '-'} | "
             f"{p50_error([r.ttft_ms for r, _ in both], [a.ttft_ms for _, a in both]):+.1f} %; {swapped:+.1f} %; "
-            f"{inverse:+.1f} % | {' / '.join(f'{e:+.1f}' for e in errors)} % | "
-            f"{sum(1 for r, _ in sent if r.served and r.cached > 0)} of {sum(1 for r, _ in sent if r.served)} |")
+            f"{inverse:+.1f} % | {' / '.join(f'{e:+.1f}' for e in errors)} % | {len(cached)} of "
+            f"{sum(1 for r, _ in sent if r.served)}{f' ({float(np.median(cached)):.0f} %)' if cached else ''} |")
     return "\n".join(lines)
 
 
