@@ -44,8 +44,8 @@ import bisect
 import dataclasses
 import random
 from collections.abc import Sequence
-from typing import NamedTuple
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -184,7 +184,7 @@ CPU_BATCH_SLOPE = 1.0  # llama.cpp on CPU threads: k sequences about k times one
 CONTENTION_MAX = 1.0  # two replicas busy on two shared cores: each at most twice as slow as alone (+ h x 1)
 CONTENTION_BUCKET_S = 30.0  # the stretch over which the machine's external speed is taken as one
 CONTENTION_GRID = 101  # values of h tried, 0 to CONTENTION_MAX
-BATCH_SLOPE_MAX = 3.0  # a second sequence on a replica at most 3 more single steps (the log: 2.0-2.75 on q4)
+BATCH_SLOPE_MAX = 3.0  # a second sequence on a replica at most 3 more single steps (the logs: 1.95-2.75 on q4)
 BATCH_SLOPE_GRID = 61  # values of a tier's batch slope tried, 0 to BATCH_SLOPE_MAX
 BATCH_MIN = 20  # answers that shared their replica at least half their run, before a tier's batch slope is fitted
 FIT_ROUNDS = 10  # rounds of the contention and the batch slopes fitted in turn, at most
@@ -216,7 +216,7 @@ def fit_sharing(answers: Sequence[Answer]) -> tuple[float, dict[str, float]]:
     on a grid, the least of equals) until neither moves. Stretches of fewer than 3 answers of a tier say nothing;
     h 0 and no slope when none is left. The batch slope is the tier's own: llama.cpp's CPU kernels reuse a
     quantized model's weights across sequences only from four at once up (a q4 step of two sequences costs at least
-    two single ones, docs/BENCHMARKS.md), an f16 model's they do."""
+    two single ones, docs/BENCHMARKS.md); an f16 replica's second sequence cost less than a whole step in the logs."""
     groups: dict[tuple[str, int], list[Answer]] = {}
     for answer in answers:
         if answer.hold > 0 and answer.prefill + answer.decode > 0:
