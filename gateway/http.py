@@ -19,6 +19,7 @@ from gateway.body import JSON, read_body
 from gateway.context import RequestContext
 from gateway.edge.keys import api_key, bearer
 from gateway.edge.server import ON_REFUSAL, OnRefusal
+from gateway.edge.whole import WholeResponse
 from gateway.errors import (
     AuthenticationFailed, GatewayError, MethodNotAllowed, NotFound, Overloaded, UpstreamError, error_body,
 )
@@ -108,7 +109,7 @@ async def serve(request: web.Request, endpoint: Endpoint, wire: Wire | None = No
             return await _stream(request, ctx, reply, gateway.client_limits.write_timeout_s)
         ctx.result.status = reply.status
         headers = _headers(ctx, reply.headers)
-        return web.Response(body=reply.body, status=reply.status, headers=headers, content_type=JSON)
+        return WholeResponse(reply.body, reply.status, headers)
     except GatewayError as err:
         return _error(ctx, err, "upstream_error" if isinstance(err, UpstreamError) else "rejected")
     except ConnectionResetError:
@@ -191,13 +192,13 @@ def _headers(ctx: RequestContext, extra: Mapping[str, str] | None = None) -> dic
     return headers
 
 
-def _error(ctx: RequestContext, err: GatewayError, outcome: Outcome) -> web.Response:
+def _error(ctx: RequestContext, err: GatewayError, outcome: Outcome) -> web.StreamResponse:
     ctx.result.status = err.status
     ctx.result.outcome = outcome
     ctx.result.error = ctx.result.error or err.code or err.type
     headers = _headers(ctx, err.headers())
     body = error_body(err) if ctx.wire is None else ctx.wire.error_body(err)
-    return web.Response(body=body, status=err.status, headers=headers, content_type=JSON)
+    return WholeResponse(body, err.status, headers)
 
 
 async def feedback(request: web.Request) -> web.Response:
