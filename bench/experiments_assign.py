@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/experiments_assign.py [--n 100000] [--repeat 5]
 
-Times `gateway.experiments.assign.assign(tenant, body)` on bodies the gateway sees: keyed by `user`, by the
+Times `gateway.experiments.assign.assign(tenant, reading, user)` on the readings of bodies the gateway sees: keyed by `user`, by the
 conversation (short and long system prompts), for a tenant with no experiment, one and three; then the other
 per-request work issue 22 added: recording the request's owner for POST /v1/feedback (every served request;
 the in-process map and the encoded value batched for Redis).
@@ -19,6 +19,7 @@ from gateway.config.policies import PolicyConfig
 from gateway.config.tenants import TenantPolicy, compile_tenants
 from gateway.experiments.assign import assign
 from gateway.experiments.feedback import RequestOwner, RequestOwners
+from gateway.reading import Reading, read
 
 GATEWAY_CPU_US = 700.0  # the gateway's CPU per proxied request (docs/BENCHMARKS.md measures 700-950 µs)
 
@@ -47,16 +48,17 @@ def bodies(kind: str, count: int) -> list[dict[str, Any]]:
         {"role": "user", "content": "And in reverse?"}]} for i in range(count)]
 
 
-def time_us(policy: TenantPolicy, sample: list[dict[str, Any]], n: int, repeat: int) -> float:
+def time_us(policy: TenantPolicy, bodies: list[dict[str, Any]], n: int, repeat: int) -> float:
     """CPU µs per assignment (process time: time spent descheduled by other processes does not count), the
     best of `repeat` runs of `n`."""
+    sample: list[tuple[Reading, Any]] = [(read("chat", body), body.get("user")) for body in bodies]  # (parse's)
     rounds = max(1, n // len(sample))
     best = float("inf")
     for _ in range(repeat):
         start = time.process_time()
         for _ in range(rounds):
-            for body in sample:
-                assign(policy, body)
+            for reading, user in sample:
+                assign(policy, reading, user)
         best = min(best, time.process_time() - start)
     return best / (rounds * len(sample)) * 1e6
 

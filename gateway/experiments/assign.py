@@ -1,12 +1,12 @@
 """Sticky assignment of a request to an experiment's arm, and the arm's effective TenantPolicy.
 
-The key is the tenant with the request's conversation: the system prompt and the first user message (their
-first KEY_CHARS characters each), so every turn of a conversation lands in the same arm. Only an experiment
-whose policy says `sticky_by: user` keys on the request's `user` field instead (the conversation when it
-has none): the client then chooses its arm by the `user` it sends, which the policy has allowed. Without
-it, `user` plays no part, so a client cannot walk `user` values to land in the arm it wants (issue 37).
-Whatever the arm, it never loosens the tenant's caps (`config.tenants.apply_arm`). The key is hashed once
-per kind (blake2b, 64 bits, the tenant's name in it); per experiment, the splitmix64
+The key is the tenant with the request's conversation: its start, the messages through the first user message
+(`gateway.conversation.start_key`: the same for every turn of a conversation), so every turn of a conversation
+lands in the same arm. Only an experiment whose policy says `sticky_by: user` keys on the request's `user` field
+instead (the conversation when it has none): the client then chooses its arm by the `user` it sends, which the
+policy has allowed. Without it, `user` plays no part, so a client cannot walk `user` values to land in the arm
+it wants (issue 37). Whatever the arm, it never loosens the tenant's caps (`config.tenants.apply_arm`). The key
+is 64 bits of a blake2b with the tenant's name in it; per experiment, the splitmix64
 finalizer of (key hash XOR a 64-bit salt derived from the experiment's name) maps it to a position in
 [0, 1), so experiments split independently of each other at one integer mix each (a keyed blake2b per
 experiment costs ~1.5 µs more). The arms own consecutive slices of [0, 1) in file order (cumulative
@@ -30,26 +30,29 @@ from hashlib import blake2b
 from typing import Any
 
 from gateway.config.tenants import Assignment, ExperimentPlan, TenantPolicy, apply_arm, compile_plan, salt_of
+from gateway.conversation import start_key
+from gateway.reading import Reading
 
 __all__ = ["Assignment", "ExperimentPlan", "apply_arm", "assign", "compile_plan", "position", "salt_of", "sticky_key",
-           "conversation_key", "conversation_texts", "user_key"]
+           "conversation_texts", "user_key"]
 
-KEY_CHARS = 1024  # of the system prompt and of the first user message: the conversation's identity
+KEY_CHARS = 1024  # of a `user` (and of the system prompt and the first message: a session's id, routing.sessions)
 _SCALE = 1.0 / 2**64
 _MASK = 2**64 - 1
 _SYSTEM_ROLES = ("system", "developer")
 
 
-def assign(policy: TenantPolicy, body: Mapping[str, Any]) -> Assignment | None:
+def assign(policy: TenantPolicy, reading: Reading, user: Any = None) -> Assignment | None:
     """The request's arm, or None: the tenant runs no experiment, the request falls outside every arm,
-    or it carries nothing to be sticky on (no prompt text, nor a `user` where the experiment keys on it)."""
+    or it carries nothing to be sticky on (no message, nor a `user` where the experiment keys on it)."""
     plan = policy.plan
     if plan is None:
         return None
     keys: dict[bool, int | None] = {}
     for experiment in plan.experiments:
         by_user = experiment.sticky_by == "user"
-        key = keys[by_user] if by_user in keys else keys.setdefault(by_user, sticky_key(body, policy.name, by_user))
+        key = keys[by_user] if by_user in keys else keys.setdefault(
+            by_user, sticky_key(reading, policy.name, user if by_user else None))
         if key is None:
             continue
         at = position(experiment.salt, key)
@@ -67,25 +70,17 @@ def position(salt: int, key: int) -> float:
     return (x ^ (x >> 31)) * _SCALE
 
 
-def sticky_key(body: Mapping[str, Any], tenant: str = "", by_user: bool = False) -> int | None:
-    """A 64-bit hash of the tenant and the conversation's start (of the `user` field instead, when `by_user`
-    and the request has one); None without either."""
-    user = body.get("user") if by_user else None
+def sticky_key(reading: Reading, tenant: str = "", user: Any = None) -> int | None:
+    """A 64-bit key of the tenant and `user` when it is a non-empty string (an experiment with `sticky_by:
+    user`), else of the conversation's start (`gateway.conversation.start_key`); None without either."""
     if type(user) is str and user:
         return user_key(tenant, user)
-    return conversation_key(tenant, *conversation_texts(body))
+    return start_key(tenant, reading.parts)
 
 
 def user_key(tenant: str, user: str) -> int:
     """`sticky_key` by a `user` field."""
     return _hash64(b"u", tenant, user[:KEY_CHARS])
-
-
-def conversation_key(tenant: str, system: str, first: str) -> int | None:
-    """`sticky_key` by a conversation's start (`conversation_texts`); None when it has neither text."""
-    if not system and not first:
-        return None
-    return _hash64(b"c", tenant, f"{system[:KEY_CHARS]}\x00{first[:KEY_CHARS]}")
 
 
 def _hash64(kind: bytes, tenant: str, text: str) -> int:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from gateway.cache.guard import RedisGuard
+from gateway.conversation import MESSAGE_ROLES
 from gateway.experiments.assign import KEY_CHARS, conversation_texts
 from gateway.reading import Part, Reading
 
@@ -49,7 +50,6 @@ redis.call('SET', KEYS[1], value, 'EX', ARGV[3])
 return {value, current or ''}
 """
 
-MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def session_id(tenant: str, header: str | None, body: Mapping[str, Any]) -> str | None:

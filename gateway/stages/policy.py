@@ -32,7 +32,8 @@ class PolicyStage:
 
     async def __call__(self, ctx: RequestContext) -> Reply | None:
         ctx.tenant = self._keys.tenant(ctx.config, ctx.api_key)
-        if ctx.tenant.plan is not None and (arm := assign(ctx.tenant, ctx.body)) is not None:
+        if ctx.tenant.plan is not None and ctx.reading is not None and (
+                arm := assign(ctx.tenant, ctx.reading, ctx.body.get("user"))) is not None:
             ctx.assignment, ctx.tenant = arm, arm.policy  # the arm's fields from here on, max_tokens included
         if self._record_owner is not None:
             ctx.finishers.append(self._record_owner)

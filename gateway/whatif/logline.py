@@ -8,14 +8,16 @@ status, error), a replay re-decides the request under other routes and policies:
     replay             the version of these fields (REPLAY_VERSION); a line without it is replayed for price only
     arrival_s          the Unix time the request arrived (ts to the microsecond, as a number)
     quality_predicted  the quality predictor's score per measured model ({model: score}), when it ran
-    turn_keys          the turn's place in its conversation, as the session step keys it (`conversation_keys`), whatever
-                       the tenant's sessions rule, so a policy that turns sessions on can be replayed: `current`, the
-                       digest of the conversation through this request's last message, and `parent`, the digest
-                       through the message before its last assistant reply (null: a first turn), which is the
-                       `current` of the turn that reply answered; with an x-session-id both are its session key
-    sticky             the experiment assignment keys (`gateway.experiments.assign.sticky_key`: 64-bit hashes) by
-                       conversation and by `user`: a replay re-assigns arms under the candidate's experiments (the
-                       conversation's key also names it in reports: tenant, system prompt and first user message)
+    turn_keys          the turn's place in its conversation (`gateway.conversation`), whatever the tenant's sessions
+                       rule, so a policy that turns sessions on can be replayed: `current`, the digest of the
+                       conversation through this request's last message, and `parent`, the digest through the
+                       message before its last assistant reply (null: a first turn), which is the `current` of the
+                       turn that reply answered; with an x-session-id both are its session key (`header_key`). (The
+                       log holds no reply: a turn after a reply the client edited links to the turn before it,
+                       where the session step, which keys by the reply too, starts anew.)
+    sticky             the experiment assignment keys (`gateway.experiments.assign.sticky_key`: 64-bit) by
+                       conversation (its start: `gateway.conversation.start_key`) and by `user`: a replay re-assigns
+                       arms under the candidate's experiments
     reading            the request's reading summed up: input_tokens (estimate) and input_chars (the prompt caps),
                        outputs (prompts x n), generated (prompts x max(n, best_of)), cacheable ("never",
                        "deterministic": cached in either mode, "always": only in mode always) and digest (of the
@@ -29,11 +31,11 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.context import RequestContext
-from gateway.experiments.assign import conversation_key, conversation_texts, user_key
-from gateway.routing.sessions import MESSAGE_ROLES, conversation_digest, header_key
-from gateway.routing.sessions import update_digest as _digest_part  # the session step's own digest of a message part
+from gateway.conversation import turn_keys
+from gateway.experiments.assign import user_key
+from gateway.routing.sessions import header_key
 
-REPLAY_VERSION = 2  # 2: turn_keys
+REPLAY_VERSION = 3  # 2: turn_keys; 3: turn and sticky keys of `gateway.conversation` (one hash a prefix)
 
 
 def replay_fields(ctx: RequestContext) -> dict[str, Any]:
@@ -42,47 +44,23 @@ def replay_fields(ctx: RequestContext) -> dict[str, Any]:
     reading = ctx.reading
     quality = ctx.route.quality
     body = ctx.body
-    sticky = turn_keys = None
-    if body and ctx.endpoint != "embeddings":
-        tenant = ctx.tenant_name
-        user = body.get("user")
-        sticky = {"conversation": conversation_key(tenant, *conversation_texts(body)),
-                  "user": user_key(tenant, user) if type(user) is str and user else None}
-        turn_keys = _turn_keys(tenant, ctx)
-    summary = None
+    sticky = turns = summary = None
     if reading is not None:
         cacheable = reading.cache_class
         summary = {"input_tokens": reading.input_tokens, "input_chars": reading.input_chars,
                    "outputs": reading.outputs, "generated": reading.generated, "cacheable": cacheable,
                    "digest": None if cacheable == "never" else reading.key()[:16]}
+        if body and ctx.endpoint != "embeddings":
+            tenant = ctx.tenant_name
+            parent, current, start = turn_keys(tenant, reading.parts)
+            if ctx.session_header:
+                parent = current = header_key(tenant, ctx.session_header)
+            user = body.get("user")
+            sticky = {"conversation": start, "user": user_key(tenant, user) if type(user) is str and user else None}
+            turns = {"parent": parent, "current": current}
     return {"replay": REPLAY_VERSION, "arrival_s": round(ctx.ts * 1_000_000) / 1_000_000,  # (as account._ms)
             "quality_predicted": None if quality is None else {k: round(v, 4) for k, v in quality.items()},
-            "sticky": sticky, "turn_keys": turn_keys, "reading": summary, "decode_tps": _decode_tps(ctx)}
-
-
-def _turn_keys(tenant: str, ctx: RequestContext) -> dict[str, str | None] | None:
-    """`turn_keys` (see the module docstring): with the session step's digest (`conversation_keys`'s), so `current`
-    is its `ConversationKeys.current()` and a next turn's `parent` the `current` of the turn its last reply answered."""
-    if ctx.session_header:
-        key = header_key(tenant, ctx.session_header)
-        return {"parent": key, "current": key}
-    reading = ctx.reading
-    if reading is None:
-        return None
-    parts = reading.parts
-    last_reply = -1
-    for part in reversed(parts):  # turns only grow: the last assistant part is the last reply's
-        if part.role == "assistant":
-            last_reply = part.turn
-            break
-    digest = conversation_digest(tenant)
-    parent = None
-    for part in parts:
-        if part.role in MESSAGE_ROLES:
-            if parent is None and part.turn == last_reply:
-                parent = digest.hexdigest()
-            _digest_part(digest, part)
-    return {"parent": parent, "current": digest.hexdigest()}
+            "sticky": sticky, "turn_keys": turns, "reading": summary, "decode_tps": _decode_tps(ctx)}
 
 
 def _decode_tps(ctx: RequestContext) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.accounting import synth
+from gateway.whatif.logline import REPLAY_VERSION
 
 ROUTES = """\
 admission: {enabled: true, initial_limit: 64, max_queue: 256, max_wait_ms: 1000}
@@ -52,7 +53,7 @@ def replayable(line: bytes, n: int) -> bytes:
         return blake2b(f"{obj['tenant']}:{conversation}:{k}".encode(), digest_size=16).hexdigest()
 
     obj.update({
-        "path": "/v1/chat/completions", "replay": 2,
+        "path": "/v1/chat/completions", "replay": REPLAY_VERSION,
         "turn_keys": {"parent": turn_key(turn - 1) if turn else None, "current": turn_key(turn)},
         "sticky": {"conversation": int.from_bytes(key, "little"), "user": None},
         "reading": {"input_tokens": obj["prompt_tokens"], "input_chars": 4 * obj["prompt_tokens"], "outputs": 1,

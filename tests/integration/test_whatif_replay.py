@@ -82,7 +82,7 @@ def whatif(log: Path, routes: Path, policy: Path, base: tuple[Path, Path], out: 
 async def test_whatif_replays_a_real_log(tmp_path: Path, start_emulator: StartEmulator, start_app: StartApp) -> None:
     log, urls = await produce_log(tmp_path, start_emulator, start_app)
     line = orjson.loads(log.read_bytes().splitlines()[0])
-    assert line["replay"] == 2 and line["reading"]["outputs"] == 1 and line["reading"]["digest"]
+    assert line["replay"] == 3 and line["reading"]["outputs"] == 1 and line["reading"]["digest"]
     assert line["turn_keys"]["parent"] is None and len(line["turn_keys"]["current"]) == 32  # a first turn
     assert isinstance(line["sticky"]["conversation"], int) and "conversation" not in line
     assert "prompt number" not in log.read_text()  # numbers and digests, no prompt text

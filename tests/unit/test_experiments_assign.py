@@ -12,7 +12,8 @@ from gateway.config import GatewayConfig
 from gateway.config.loader import load_routes
 from gateway.config.policies import Arm, MaxTokens, PolicyConfig
 from gateway.config.tenants import TenantPolicy
-from gateway.experiments.assign import apply_arm, assign, position, salt_of, sticky_key
+from gateway.experiments.assign import apply_arm, assign as assign_reading, position, salt_of, sticky_key as key_of
+from gateway.reading import read
 
 from tests.unit.test_experiments_policy import ROOT
 
@@ -43,6 +44,17 @@ def chat(user: str | None = None, system: str = "Be brief.", first: str = "hello
     if user is not None:
         body["user"] = user
     return body
+
+
+def assign(policy: TenantPolicy, body: dict[str, Any]) -> Any:
+    """The arm of a body, as the policy stage assigns it: from the body's reading and its `user`."""
+    return assign_reading(policy, read("chat" if "messages" in body or "prompt" not in body else "completions", body),
+                          body.get("user"))
+
+
+def sticky_key(body: dict[str, Any], tenant: str = "", by_user: bool = False) -> int | None:
+    return key_of(read("completions" if "prompt" in body else "chat", body), tenant,
+                  body.get("user") if by_user else None)
 
 
 def arms_of(policy: TenantPolicy, bodies: list[dict[str, Any]]) -> list[str | None]:
@@ -206,17 +218,25 @@ def test_an_arms_policy_keeps_every_cap_of_the_tenant() -> None:
     assert arm.default_tier == "large-fp16"
 
 
-def test_sticky_keys_are_blake2b_64_of_kind_tenant_and_text_every_time() -> None:
-    """The keys the arms are split on, as documented: blake2b-64 of the kind, the tenant, NUL and the text (the
-    tenant's part hashed once and copied: a copy that were not taken would change every later key)."""
-    from gateway.experiments.assign import conversation_key, user_key
+def test_sticky_keys_are_blake2b_of_the_tenant_and_the_conversation_s_start_every_time() -> None:
+    """The keys the arms are split on, as documented: by `user`, blake2b-64 of "u", the tenant, NUL and the user;
+    by conversation, the first 8 bytes (little-endian) of blake2b-128 of "conversation", NUL, the tenant, NUL and
+    the JSON of the message parts through the first user message (the tenant's part hashed once and copied: a
+    copy that were not taken would change every later key)."""
+    import orjson
 
-    def reference(data: bytes) -> int:
-        return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    from gateway.experiments.assign import user_key
 
+    def reference(data: bytes, size: int = 8) -> int:
+        return int.from_bytes(hashlib.blake2b(data, digest_size=size).digest()[:8], "little")
+
+    later = chat(system="sys", first="hi é", turns=2)  # (a body holds no lone surrogate: orjson refuses them)
     for _ in range(2):  # the second time from the cached seed
-        for tenant in ("alice", "bob", "é\ud800"):
-            assert conversation_key(tenant, "sys", "hi \ud800") == reference(
-                b"c" + f"{tenant}\x00sys\x00hi \ud800".encode("utf-8", "surrogatepass"))
-            assert user_key(tenant, "u-1") == reference(b"u" + f"{tenant}\x00u-1".encode("utf-8", "surrogatepass"))
-    assert conversation_key("alice", "", "") is None
+        for name in ("alice", "bob", "é\ud800"):
+            parts = orjson.dumps([["text", "system", "sys", 0], ["text", "user", "hi é", 1]])
+            start = reference(b"conversation\x00" + f"{name}\x00".encode("utf-8", "surrogatepass") + parts, 16)
+            assert sticky_key(later, name) == start == sticky_key(chat(system="sys", first="hi é"), name)
+            assert user_key(name, "u-1") == reference(b"u" + f"{name}\x00u-1".encode("utf-8", "surrogatepass"))
+    assert sticky_key({"model": "auto", "messages": []}, "alice") is None
+
+

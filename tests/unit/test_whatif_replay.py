@@ -80,26 +80,39 @@ def test_a_session_follows_the_conversation_and_only_moves_up() -> None:
     assert (old.tier, old.session_route) == ("small", None)
 
 
-def test_turn_keys_are_the_session_steps_keys() -> None:
-    from gateway.context import RequestContext
-    from gateway.reading import read
-    from gateway.routing.sessions import conversation_keys
-    from gateway.whatif.logline import _turn_keys
+async def test_the_log_s_turn_keys_link_the_turns_the_session_step_links() -> None:
+    """Each turn's `parent` is the `current` of the turn its last reply answered, as the server's session step
+    finds the turn before by its reply (`conversation_keys`): the same links, from the log alone. The sticky key
+    by conversation is the same on every turn; tools are not the conversation; an x-session-id names both."""
+    from gateway.routing.sessions import conversation_keys, header_key
+    from gateway.testing.contexts import parsed_context
+    from gateway.whatif.logline import replay_fields
 
-    first = {"model": "auto", "messages": [{"role": "system", "content": "be brief"},
-                                           {"role": "user", "content": "hi"}]}
-    second = {"model": "auto", "messages": [*first["messages"], {"role": "assistant", "content": "hello"},
-                                            {"role": "user", "content": "and?"}]}
-    keys = []
-    for body in (first, second):
-        ctx = RequestContext.__new__(RequestContext)
-        ctx.session_header, ctx.reading = None, read("chat", body)
-        keys.append((_turn_keys("t", ctx), conversation_keys("t", ctx.reading)))
-    (one, server_one), (two, server_two) = keys
-    assert one is not None and two is not None
-    assert one["parent"] is None and one["current"] == server_one.current()
-    assert two["parent"] == one["current"] and two["current"] == server_two.current()
-    assert server_two.lookup == server_one.answered("hello")  # the server links the same two turns
+    cfg = gateway_config([tier("small", ["http://127.0.0.1:9/v1"])])
+    system, user = {"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    one = [system, user]
+    two = [*one, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]
+    three = [*two, {"role": "assistant", "content": "more"}, {"role": "user", "content": "ok"}]
+    lines, server = [], []
+    for messages in (one, two, three):
+        ctx = await parsed_context(cfg, {"model": "small", "messages": messages, "tools": [{"type": "function"}]})
+        assert ctx.reading is not None
+        lines.append(replay_fields(ctx))
+        server.append(conversation_keys(ctx.tenant_name, ctx.reading))
+    keys = [line["turn_keys"] for line in lines]
+    assert keys[0]["parent"] is None and keys[1]["parent"] == keys[0]["current"]
+    assert keys[2]["parent"] == keys[1]["current"] and len({k["current"] for k in keys}) == 3
+    assert server[1].lookup == server[0].answered("hello") and server[2].lookup == server[1].answered("more")
+    assert len({line["sticky"]["conversation"] for line in lines}) == 1  # one conversation, one arm
+    plain = await parsed_context(cfg, {"model": "small", "messages": [system, {"role": "user", "content": "hi"}]})
+    assert replay_fields(plain)["turn_keys"]["current"] == keys[0]["current"]  # the same parts: no tools
+    other = await parsed_context(cfg, {"model": "small", "messages": [{"role": "system", "content": "be long"},
+                                                                      user]})
+    assert replay_fields(other)["sticky"]["conversation"] != lines[0]["sticky"]["conversation"]
+    held = await parsed_context(cfg, {"model": "small", "messages": two})
+    held.session_header = "chat-7"
+    assert replay_fields(held)["turn_keys"] == {"parent": header_key(held.tenant_name, "chat-7"),
+                                                "current": header_key(held.tenant_name, "chat-7")}
 
 
 def test_spill_moves_a_turn_off_a_tier_the_log_shows_loaded() -> None:
