@@ -499,6 +499,20 @@ def test_the_log_s_own_contention_is_fitted_and_the_rest_is_the_external_speed()
         assert host(window.rows[0].rec.arrival + n + 0.2) == pytest.approx(1.0, abs=0.02)
 
 
+def _each_alone_takes_half_a_second(cfg: GatewayConfig, window: Any, physics: Any) -> None:
+    """A candidate that refuses the second of each pair of `window`: its 90 answers each run alone, in 0.5 s."""
+    seen: set[float] = set()
+    candidate = []
+    for row in window.rows:
+        if row.rec.arrival not in seen:
+            seen.add(row.rec.arrival)
+            candidate.append(Arrival(row.rec.arrival, "t", "small", 10, 40, False))
+    Fleet(cfg.routes, physics).run(candidate)
+    assert len(candidate) == 90
+    for arrival in candidate:
+        assert arrival.done_s == pytest.approx(0.5, rel=0.05)
+
+
 def test_a_candidate_that_refuses_half_the_traffic_is_predicted_faster_on_a_flat_external_speed() -> None:
     """Log A's paired requests ran 0.8 s, its lone ones 0.5 s (the gateway's own two answers at once on two shared
     cores). A candidate that refuses the second of each pair (half the load at those moments) runs every answer
@@ -513,16 +527,7 @@ def test_a_candidate_that_refuses_half_the_traffic_is_predicted_faster_on_a_flat
     Fleet(cfg.routes, physics).run(replayed)
     paired = [a.done_s or 0.0 for a, r in zip(replayed, window.rows, strict=True) if r.rec.e2e_ms == 800.0]
     assert sorted(paired)[len(paired) // 2] == pytest.approx(0.8, rel=0.05)  # log A against its own policy
-    seen: set[float] = set()
-    candidate = []
-    for row in window.rows:  # the second of each pair refused
-        if row.rec.arrival not in seen:
-            seen.add(row.rec.arrival)
-            candidate.append(Arrival(row.rec.arrival, "t", "small", 10, 40, False))
-    Fleet(cfg.routes, physics).run(candidate)
-    assert len(candidate) == 90
-    for arrival in candidate:
-        assert arrival.done_s == pytest.approx(0.5, rel=0.05)
+    _each_alone_takes_half_a_second(cfg, window, physics)
 
 
 def _shared_replica_log(cfg: GatewayConfig) -> Any:
@@ -558,16 +563,7 @@ def test_a_tier_s_own_batch_slope_is_fitted_and_a_candidate_that_shares_less_run
     Fleet(cfg.routes, physics).run(replayed)
     paired = sorted(a.done_s or 0.0 for a, r in zip(replayed, window.rows, strict=True) if r.rec.e2e_ms == 1500.0)
     assert paired[len(paired) // 2] == pytest.approx(1.5, rel=0.05)  # log A against its own policy
-    seen: set[float] = set()
-    candidate = []
-    for row in window.rows:  # the second of each pair refused
-        if row.rec.arrival not in seen:
-            seen.add(row.rec.arrival)
-            candidate.append(Arrival(row.rec.arrival, "t", "small", 10, 40, False))
-    Fleet(cfg.routes, physics).run(candidate)
-    assert len(candidate) == 90
-    for arrival in candidate:
-        assert arrival.done_s == pytest.approx(0.5, rel=0.05)
+    _each_alone_takes_half_a_second(cfg, window, physics)
     assert fleet.batch_slope["small"] == pytest.approx(2.0, abs=0.06)
     assert physics["small"].profile.batch_slope == fleet.batch_slope["small"]
 
