@@ -74,6 +74,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3, help="measured runs of --requests: the least is reported")
     p.add_argument("--idle", type=float, default=5.0, help="seconds of the idle gateway counted, subtracted")
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--no-replay-fields", action="store_true",
+                   help="the gateway's policy says log_replay_fields: false (not for a tree older than it)")
     args = p.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind not found: apt-get install -y valgrind", file=sys.stderr)
@@ -90,7 +92,8 @@ def main() -> int:
     setattr(stack, "gateway_argv", under_valgrind)  # noqa: B010 - start_stack (an older tree's too) starts the gateway by this name
     try:
         with EmbeddedRedis() as redis:
-            policy = policy_yaml(TIER, [{"name": "bench", "key": KEY}], max_tokens=16)
+            policy = policy_yaml(TIER, [{"name": "bench", "key": KEY}], max_tokens=16,
+                                 **({"log_replay_fields": False} if args.no_replay_fields else {}))
             started = stack.start_stack(procs, tmp, lambda urls: routes_yaml({TIER: [(f"{TIER}-a", urls[0])]}),
                                         policy, profile="instant", redis_url=redis.url, gateway_timeout_s=900)
             url = f"http://127.0.0.1:{started.gateway_port}/v1/chat/completions"
@@ -115,7 +118,8 @@ def main() -> int:
     idle_per_s = _total(tmp / f"callgrind.out.{args.repeat + 1}") / args.idle
     per_request = [round((_total(tmp / f"callgrind.out.{i + 1}") - idle_per_s * seconds) / args.requests)
                    for i, (seconds, _) in enumerate(runs)]
-    print(json.dumps({"stream": args.stream, "requests": args.requests, "concurrency": args.concurrency,
+    print(json.dumps({"stream": args.stream, "replay_fields": not args.no_replay_fields, "requests": args.requests,
+                      "concurrency": args.concurrency,
                       "ok": [ok for _, ok in runs], "seconds": [round(s, 1) for s, _ in runs],
                       "idle_instructions_per_s": round(idle_per_s), "instructions_per_request_runs": per_request,
                       "instructions_per_request": min(per_request), "folder": str(tmp)}, indent=1))

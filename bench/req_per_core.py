@@ -43,6 +43,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-litellm", action="store_true")
     p.add_argument("--duration", type=int, help="seconds per measurement (default 10, --quick 3)")
     p.add_argument("--no-docs", action="store_true", help="do not write docs/BENCHMARKS.md")
+    p.add_argument("--no-replay-fields", action="store_true",
+                   help="the gateway's policy says log_replay_fields: false (not for a tree older than it)")
     return p.parse_args()
 
 
@@ -82,7 +84,8 @@ def main() -> int:
             if cpu is not None:  # as `gateway serve`'s own Redis child: on the gateway's CPU
                 os.sched_setaffinity(redis.process.pid, {cpu})
             emulator, proxies = start_proxies(start.procs, tmp, (redis.url, redis.process.pid), cpu,
-                                              not args.no_litellm)
+                                              not args.no_litellm,
+                                              **({"replay_fields": False} if args.no_replay_fields else {}))
             tokens = {p.name: {w: smoke(p, stream, s.max_tokens) for w, stream in WORKLOADS.items()} for p in proxies}
             log("smoke test, content tokens per workload: " + "; ".join(f"{k} {v}" for k, v in tokens.items()))
             found = run_rounds(start.procs, exe, proxies, emulator, s, tmp, rest, log)

@@ -30,13 +30,14 @@ def key_sha256(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def policy_yaml(default_tier: str, tenants: Sequence[Mapping[str, Any]], max_tokens: int = 16) -> str:
-    """A policy file (JSON is YAML): the defaults, then the tenants as given (`key` turned into its hash)."""
+def policy_yaml(default_tier: str, tenants: Sequence[Mapping[str, Any]], max_tokens: int = 16, **top: Any) -> str:
+    """A policy file (JSON is YAML): the defaults and any other top-level fields `top` gives, then the tenants
+    as given (`key` turned into its hash)."""
     listed: list[dict[str, Any]] = []
     for tenant in tenants:
         t = dict(tenant)
         t["api_key_sha256"] = key_sha256(t.pop("key"))
         listed.append(t)
     body = {"default_tier": default_tier, "allow_anonymous": False,
-            "max_tokens": {"default": max_tokens, "maximum": 4096}, "tenants": listed}
+            "max_tokens": {"default": max_tokens, "maximum": 4096}, **top, "tenants": listed}
     return json.dumps(body, indent=1) + "\n"

@@ -56,11 +56,13 @@ def chat_body(model: str, stream: bool, max_tokens: int) -> bytes:
 
 
 def start_proxies(procs: Procs, tmp: Path, redis: tuple[str, int], cpu: int | None,
-                  litellm: bool) -> tuple[int, list[Proxy]]:
+                  litellm: bool, replay_fields: bool = True) -> tuple[int, list[Proxy]]:
     """The emulator (profile instant) and the gateway on it (start_stack: `redis` = (URL, pid), charged to
-    the gateway), the bare proxy and LiteLLM; the proxies on `cpu`. (emulator pid, the proxies)."""
+    the gateway; `replay_fields` False: its policy's `log_replay_fields: false`), the bare proxy and LiteLLM;
+    the proxies on `cpu`. (emulator pid, the proxies)."""
     pin = {cpu} if cpu is not None else None
-    policy = policy_yaml(TIER, [{"name": "bench", "key": KEY}], max_tokens=16)
+    policy = policy_yaml(TIER, [{"name": "bench", "key": KEY}], max_tokens=16,
+                         **({} if replay_fields else {"log_replay_fields": False}))
     stack = start_stack(procs, tmp, lambda urls: routes_yaml({TIER: [(f"{TIER}-a", urls[0])]}), policy,
                         profile="instant", redis_url=redis[0], gw_cpu=cpu)
     emu_url = stack.emulator_urls[0]  # …/v1

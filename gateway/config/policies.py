@@ -369,6 +369,10 @@ class PolicyConfig(Limits):
     quality_predictor: str = Field(
         default="models/router", min_length=1,
         description="folder of the trained quality predictor that quality_floor routes on (one per gateway)")
+    log_replay_fields: bool = Field(
+        default=True, description="each request line carries what `gateway whatif` replays it from (keys and "
+        "digests of the request: about 5 % of the gateway's CPU per request); false: lines without them, which "
+        "a replay prices again on their recorded tier and decides nothing of")
     tenants: tuple[Tenant, ...] = ()
     removes: tuple[str, ...] = Field(
         default=(), description="what this version drops from the serving one, as a refused reload names it "

@@ -112,7 +112,8 @@ class Accountant:
             "session_route": ctx.route.session_route,
         }
         fields.update(ctx.assignment.log_fields() if ctx.assignment is not None else NO_ARM)
-        fields.update(replay_fields(ctx))  # what routing used, as numbers: `gateway whatif` replays it (issue 40)
+        if ctx.config.policy.log_replay_fields:
+            fields.update(replay_fields(ctx))  # what routing used, as numbers: `gateway whatif` replays it (issue 40)
         log_request(fields)
         if not observe:
             return

@@ -165,3 +165,26 @@ def test_prices_cached_tokens_and_gpu_time_and_the_price_of_the_day() -> None:
     assert january.cost_usd(1000, 500, 2000) == 0.00035  # no more cached tokens than prompt tokens
     assert january.cost_usd(1000, 500) == 0.0005
     assert cached_rate.price_at(date(2026, 7, 1)).cost_usd(1000, 500) == 0.006  # 6 GPU-seconds at $3.6/h
+
+
+def test_without_the_replay_fields_the_line_has_everything_else_and_a_replay_prices_it_again(
+        logged: tuple[Sink, BatchedStream]) -> None:
+    """`log_replay_fields: false` (a policy that never runs `gateway whatif`): the line drops the replay fields
+    and keeps every other field in its order; a replay reads it as a line from before them (price only)."""
+    from gateway.whatif.logline import replay_fields
+    from gateway.whatif.records import Logged
+
+    sink, batched = logged
+    off = gateway_config([tier("small", ["http://127.0.0.1:9/v1"], input_per_mtok=0.2, output_per_mtok=0.6),
+                          tier("big", ["http://127.0.0.1:9/v1"], input_per_mtok=3.0, output_per_mtok=15.0)],
+                         policy={"log_replay_fields": False})
+    ctx = served("small")
+    ctx.config = off
+    settle(served("small"), ctx)
+    batched.close()
+    on, without = (orjson.loads(line) for line in bytes(sink.data).splitlines())
+    replay = set(replay_fields(served("small")))
+    assert list(on) == KEYS and list(without) == [key for key in KEYS if key not in replay]
+    assert {k: v for k, v in on.items() if k not in replay | {"request_id", "ts", "e2e_ms"}} == \
+        {k: v for k, v in without.items() if k not in {"request_id", "ts", "e2e_ms"}}
+    assert Logged(on).replayable and not Logged(without).replayable
