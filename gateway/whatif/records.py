@@ -71,7 +71,7 @@ class Logged:
         self.arm: str | None = obj.get("arm")
         self.rerouted_from: str | None = obj.get("rerouted_from")
         self.replayable = obj.get("replay") is not None
-        turn = obj.get("turn_keys") or {}  # replay 2: the session step's keys (none: the turn holds no session)
+        turn = obj.get("turn_keys") or {}  # replay 2 on: the turn's keys (none: the turn holds no session)
         self.turn_parent: str | None = turn.get("parent")
         self.turn_current: str | None = turn.get("current")
         self.predicted_ttft_ms: float | None = obj.get("predicted_ttft_ms")
