@@ -35,7 +35,7 @@ import orjson
 from gateway.bench.arrivals import poisson_offsets
 from gateway.bench.client import send
 from gateway.bench.configs import policy_yaml, routes_yaml
-from gateway.bench.procs import begin, emulator_argv, free_port, gateway_argv, wait_gateway, wait_http, workdir
+from gateway.bench.procs import begin, emulator_argv, free_port, free_ports, gateway_argv, wait_gateway, wait_http, workdir
 from gateway.bench.report import command_line, load_line, log, md_table
 
 KEY = "sk-bench"
@@ -132,7 +132,7 @@ async def main(args: argparse.Namespace) -> None:
     run = begin(args.no_pin)
     ttft: dict[str, list[list[tuple[str, float]]]] = {"on": [], "off": []}
     with workdir(run.procs, "shadow-ttft-") as tmp:
-        ports = [free_port(), free_port()]
+        ports = free_ports(2)
         for name, port, profile, seed in (("small", ports[0], "int4", 1), ("large", ports[1], "fp16", 2)):
             # other seeds: the two tiers answer differently, as two models would
             proc = run.procs.start(name, emulator_argv(port, profile, seed), None, tmp / f"{name}.out")

@@ -27,7 +27,7 @@ import psutil
 
 from gateway.bench.client import RequestResult, send, send_json
 from gateway.bench.cpu import CpuProbe, Log, OtherWork, cpu_seconds, tick_cpu_seconds, tree_cpu_seconds
-from gateway.bench.procs import Procs, bare_proxy_argv, emulator_argv, free_port, pinning, wait_http
+from gateway.bench.procs import Procs, bare_proxy_argv, emulator_argv, free_ports, pinning, wait_http
 from gateway.bench.pyspy import executable, record, summarize_pyspy
 from gateway.bench.report import ROOT, machine
 from gateway.bench.runner import RunResult, closed_loop
@@ -352,7 +352,7 @@ async def run_bench(args: argparse.Namespace, s: Settings, procs: Procs, tmp: Pa
         log("pinning: OFF (" + ("--no-pin" if args.no_pin else f"only {len(os.sched_getaffinity(0))} CPU allowed")
             + ")")
 
-    emu_port, bare_port, gw_port, h1_port = free_port(), free_port(), free_port(), free_port()
+    emu_port, bare_port, gw_port, h1_port = free_ports(4)
     # the gateway watches the routes file's folder for hot reload: keep the busy request log elsewhere
     (tmp / "config").mkdir()
     routes = tmp / "config" / "routes.yaml"

@@ -24,10 +24,10 @@ from types import FrameType
 from typing import Any
 
 from gateway.bench.report import ROOT, log, machine
-from gateway.local.redis_server import free_port
+from gateway.local.redis_server import free_port, free_ports
 
-__all__ = ["Pinning", "Procs", "RunStart", "bare_proxy_argv", "begin", "emulator_argv", "free_port", "gateway_argv",
-           "interrupted", "pinning", "print_tails", "stop_on_sigterm", "wait_gateway", "wait_http", "workdir"]
+__all__ = ["Pinning", "Procs", "RunStart", "bare_proxy_argv", "begin", "emulator_argv", "free_port", "free_ports",
+           "gateway_argv", "interrupted", "pinning", "print_tails", "stop_on_sigterm", "wait_gateway", "wait_http", "workdir"]
 
 PR_SET_PDEATHSIG = 1
 Popen = subprocess.Popen[bytes]

@@ -15,7 +15,7 @@ import aiohttp
 from gateway.bench.client import RequestResult
 from gateway.bench.configs import policy_yaml
 from gateway.bench.cpu import CpuProbe, per_request_us
-from gateway.bench.procs import Procs, emulator_argv, free_port, wait_http
+from gateway.bench.procs import Procs, emulator_argv, free_ports, wait_http
 from gateway.bench.runner import closed_loop
 
 KEY = "sk-bench"
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     """The emulator (CPU 0, with this process) and `gateway serve` (CPU 1, its embedded Redis); measure."""
     os.sched_setaffinity(0, {LOAD_CPU})
     procs = Procs()
-    emu_port, gw_port = free_port(), free_port()
+    emu_port, gw_port = free_ports(2)
     (tmp / "config").mkdir()
     (tmp / "config" / "routes.yaml").write_text(ROUTES.format(port=emu_port))
     (tmp / "config" / "policy.json").write_text(policy_yaml("t", [{"name": "bench", "key": KEY}], 64))

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from gateway.local.redis_server import free_port
+from gateway.local.redis_server import free_ports
 from gateway.testing import routes_yaml
 
 KEY = "sk-cli"
@@ -63,7 +63,7 @@ def gateway_cli(*args: str) -> subprocess.Popen[bytes]:
 
 def test_emulate_and_serve_stream_with_the_openai_client(tmp_path: Path,
                                                          processes: list[subprocess.Popen[bytes]]) -> None:
-    backend_port, gateway_port = free_port(), free_port()
+    backend_port, gateway_port = free_ports(2)
     (tmp_path / "routes.yaml").write_text(routes(backend_port, launch=False))
     (tmp_path / "policy.yaml").write_text(POLICY)
     log_file = tmp_path / "requests.log"
@@ -88,7 +88,7 @@ def test_emulate_and_serve_stream_with_the_openai_client(tmp_path: Path,
 
 def test_up_starts_backends_and_stops_them_on_sigterm(tmp_path: Path,
                                                        processes: list[subprocess.Popen[bytes]]) -> None:
-    backend_port, gateway_port = free_port(), free_port()
+    backend_port, gateway_port = free_ports(2)
     (tmp_path / "routes.yaml").write_text(routes(backend_port, launch=True))
     (tmp_path / "policy.yaml").write_text(POLICY)
     up = gateway_cli("up", "--routes", str(tmp_path / "routes.yaml"), "--policies", str(tmp_path / "policy.yaml"),

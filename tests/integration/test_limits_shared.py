@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from gateway.cache.guard import RedisGuard
 from gateway.limits.replicas import Replicas
-from gateway.local.redis_server import EmbeddedRedis, free_port
+from gateway.local.redis_server import EmbeddedRedis, free_ports
 from gateway.testing import routes_yaml, wait_ready
 from tests.conftest import StartEmulator
 
@@ -67,7 +67,7 @@ async def local_decisions(session: aiohttp.ClientSession, url: str) -> float:
 async def test_limits_are_global_then_a_local_share_when_redis_stops(
         tmp_path: Path, start_emulator: StartEmulator, redis_alone: EmbeddedRedis) -> None:
     emulator = await start_emulator()
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     processes = []
     for i, port in enumerate(ports):
         (tmp_path / str(i)).mkdir()

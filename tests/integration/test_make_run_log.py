@@ -10,7 +10,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from gateway.local.redis_server import free_port
+from gateway.local.redis_server import free_ports
 from tests.integration.test_cli import KEY, POLICY, routes, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def test_make_run_writes_the_request_log_that_costs_reads(tmp_path: Path) -> Non
     extra = make_run_args("run")
     assert extra == make_run_args("run-emulated") and "--log-file" in extra
     log_file = tmp_path / extra[extra.index("--log-file") + 1]
-    backend_port, gateway_port = free_port(), free_port()
+    backend_port, gateway_port = free_ports(2)
     (tmp_path / "routes.yaml").write_text(routes(backend_port, launch=True))
     (tmp_path / "policy.yaml").write_text(POLICY)
     console = tmp_path / "console.txt"

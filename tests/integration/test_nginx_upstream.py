@@ -22,6 +22,7 @@ import pytest
 from gateway.backends.h1 import ConnectFailed, UpstreamClient
 from gateway.config.routes import ReplicaTls
 from gateway.emulator.harness import RunningEmulator
+from gateway.local.redis_server import free_ports
 from tests.conftest import StartEmulator
 from tests.unit.h1_certs import Pki, make_pki
 from tests.unit.h1_scripted import JSON, client  # noqa: F401 (a fixture)
@@ -81,12 +82,6 @@ def nginx_version() -> tuple[int, ...]:
 EARLY_HINTS = nginx_version() >= (1, 29, 0) if NGINX else False  # the early_hints directive came in 1.29.0
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class Nginx:
     plain: str  # http://127.0.0.1:PORT/v1
@@ -97,7 +92,7 @@ class Nginx:
 
 def start_nginx(directory: Path, replica_port: int, pki: Pki) -> tuple[subprocess.Popen[bytes], Nginx]:
     assert NGINX is not None
-    plain, tls, mtls = free_port(), free_port(), free_port()
+    plain, tls, mtls = free_ports(3)
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (directory / sub).mkdir(exist_ok=True)
     conf = directory / "nginx.conf"

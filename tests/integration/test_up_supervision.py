@@ -11,12 +11,12 @@ from typing import IO
 import psutil
 from openai import OpenAI
 
-from gateway.local.redis_server import free_port
+from gateway.local.redis_server import free_ports
 from tests.integration.test_cli import KEY, POLICY, routes, wait_ready
 
 
 def start_up(tmp_path: Path, out: IO[bytes], *extra: str) -> tuple[subprocess.Popen[bytes], int]:
-    backend_port, gateway_port = free_port(), free_port()
+    backend_port, gateway_port = free_ports(2)
     (tmp_path / "routes.yaml").write_text(routes(backend_port, launch=True))
     (tmp_path / "policy.yaml").write_text(POLICY)
     up = subprocess.Popen([sys.executable, "-m", "gateway", "up", "--routes", "routes.yaml", "--policies",
