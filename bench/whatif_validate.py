@@ -379,16 +379,16 @@ def analyse(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
 
 def explain(folder: Path, meta: dict[str, Any]) -> str:
     """Each log of `folder` replayed against its own policy (`--calibrate`), request by request: where the replay's
-    TTFT p50 comes from. Per log: the p50 logged and replayed; how many logged TTFTs lie within 10 % of the logged
-    p50 (about half that many requests crossing it moves the p50 out of the target); the requests on the other side
-    of the logged p50 in the replay than in the log, by tier, kind (streamed first token or whole answer) and cause
-    (the replayed queue wait differs by more than half the TTFT's change; else what follows admission; or shed on
-    one side only), net (+: more below the p50 in the replay); the p50 error with each request's queue wait the
-    logged one (the replay's after admission) and, inversely, the logged TTFT after admission with the replay's wait;
-    and the p50 error with every CPU-served tier's fitted decode step 0.5 % shorter or longer (what no fit of a
-    log can pin: where this moves the p50 by points, the figure is the queue's chaos, not the physics); and how
-    many of its answers found part of their prompt in the backend's cache (`cached_tokens` > 0; the median share of
-    their prompt)."""
+    TTFT p50 comes from (one replay with the fit's point estimates, not the report's ensemble of draws). Per log:
+    the p50 logged and replayed; how many logged TTFTs lie within 10 % of the logged p50 (about half that many
+    requests crossing it moves the p50 out of the target); the requests on the other side of the logged p50 in the
+    replay than in the log, by tier, kind (streamed first token or whole answer) and cause (the replayed queue wait
+    differs by more than half the TTFT's change; else what follows admission; or shed on one side only), net (+:
+    more below the p50 in the replay); the p50 error with each request's queue wait the logged one (the replay's
+    after admission) and, inversely, the logged TTFT after admission with the replay's wait; and the p50 error with
+    every CPU-served tier's fitted decode step 0.5 % shorter or longer (what no fit of a log can pin: where this
+    moves the p50 by points, the figure is the queue's chaos, not the physics); and how many of its answers found
+    part of their prompt in the backend's cache (`cached_tokens` > 0; the median share of their prompt)."""
     from gateway.config import load_config
     from gateway.whatif.decide import HITS
     from gateway.whatif.replay import replay
@@ -405,7 +405,7 @@ def explain(folder: Path, meta: dict[str, Any]) -> str:
     for name in scenarios:
         config = load_config(folder / f"routes-{name}.yaml", folder / f"policy-{name}.yaml")
         result = replay([folder / f"requests-{name}.log"], {"baseline": config})
-        fleet = fit_fleet(config, result.window, result.samples)
+        fleet = fit_fleet(config, result.window, result.samples, replays=1)  # the point fit's single replay
         errors: list[float] = []
         sent: list[Any] = []
         for scale in (0.995, 1.0, 1.005):

@@ -24,7 +24,7 @@ from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.whatif.calibrate import errors
 from gateway.whatif.replay import MAX_WINDOW, RECORDED, replay
 from gateway.whatif.report import document, html, table
-from gateway.whatif.simulate import fit_fleet, fitted_physics, record_window, simulate_window
+from gateway.whatif.simulate import ensemble, fit_fleet, fitted_physics, record_window, simulate_ensemble
 
 NOT_MODELLED = (
     "prefix affinity and the predicted-TTFT ranking (the replica with the fewest requests stands for them); "
@@ -80,10 +80,9 @@ def run_whatif(argv: Sequence[str]) -> int:
     physics: dict[str, Any] = {}
     fleet = fit_fleet(baseline, result.window, result.samples)
     for name, config in scenarios.items():
-        fitted = fitted_physics(config, result.samples, fleet)
-        physics[name] = {tier: f.describe() for tier, f in fitted.items()}
-        simulate_window(name, config, result.window, fitted, result.tallies[name])
-    meta = _meta(result, decided_s, time.perf_counter() - started, physics)
+        physics[name] = {tier: f.describe() for tier, f in fitted_physics(config, result.samples, fleet).items()}
+        simulate_ensemble(name, config, result.window, ensemble(config, result.samples, fleet), result.tallies[name])
+    meta = _meta(result, decided_s, time.perf_counter() - started, physics) | {"replays": len(fleet.members())}
     doc = document(result.tallies, meta, None)
     doc["calibration"] = errors(doc[RECORDED], doc["baseline"])
     if args.json is not None:

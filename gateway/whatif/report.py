@@ -48,7 +48,7 @@ def table(doc: Mapping[str, Any]) -> str:
         rows.append("spilled / held by a session: " + ", ".join(
             f"{n} {doc[n].get('spilled', 0)} / {doc[n].get('held_by_session', 0)}" for n in names))
     meta = doc.get("meta", {})
-    rows.append(f"window: {meta.get('window', {}).get('sampled', '')}")
+    rows.append(f"window: {meta.get('window', {}).get('sampled', '')}{_replays(meta)}")
     if meta.get("price_only"):
         rows.append(f"{meta['price_only']} lines without the replay fields: replayed for price only")
     calibration = doc.get("calibration")
@@ -122,9 +122,8 @@ def _calibration(cal: Mapping[str, Any]) -> str:
 def _ttft_chart(tallies: Mapping[str, Tally], names: list[str]) -> str:
     series = {}
     for n in names:
-        sketch = tallies[n].overall_ttft
-        if len(sketch):
-            series[n] = [(q, float(sketch.quantile(q / 100) or 0.0)) for q in range(1, 100)]
+        if tallies[n].ttft_quantile(0.5) is not None:
+            series[n] = [(q, float(tallies[n].ttft_quantile(q / 100) or 0.0)) for q in range(1, 100)]
     return svg.lines("TTFT distribution in the window (ms by percentile, answered cache misses)", series, " ms",
                      "percentile")
 
@@ -173,8 +172,16 @@ def _tenants(doc: Mapping[str, Any], names: list[str]) -> str:
 def _meta_line(meta: Mapping[str, Any]) -> str:
     window = meta.get("window", {})
     return (f"{meta.get('requests', 0)} logged requests ({meta.get('price_only', 0)} replayed for price only); "
-            f"latency window: {window.get('sampled', '')}. Not modelled: {meta.get('not_modelled', '')}. "
+            f"latency window: {window.get('sampled', '')}{_replays(meta)}. "
+            f"Not modelled: {meta.get('not_modelled', '')}. "
             f"{NONE} is the tier of requests refused.")
+
+
+def _replays(meta: Mapping[str, Any]) -> str:
+    """How many times the window was replayed, when more than once (`simulate` module docstring)."""
+    count = meta.get("replays", 1)
+    return (f"; replayed {count} times, the fit's estimates drawn from their bootstrap (TTFT quantiles: the median "
+            "of the replays')") if count > 1 else ""
 
 
 def _ms(value: float | None) -> str:

@@ -4,6 +4,25 @@ TTFT figures are over the window's answered cache misses (a hit never reaches a 
 the simulation); shed counts (503 queue_full, queue_timeout, ...) are the window's. A request a scenario
 refuses by policy (429, 4xx) never reaches the fleet; one the log shows shed, or failed upstream, on the
 tier the scenario also chose is sent to the fleet, which decides again whether it is shed.
+
+The window is replayed by an ensemble (`fit_fleet`, `simulate_ensemble`). The fit's estimates are medians and
+fits over samples of the log: each tier's decode step (the median of the logged holds or TPOTs over the simulated
+ones) and a CPU-served machine's contention, batch slopes and external speed (`host_speeds`, from its answers). A
+log's TTFT p50 often lies in a gap between streamed first tokens and whole or queued answers, with a few of its
+requests near it: which ones the replayed queue catches moves with a change of the decode step far inside its
+sampling error (0.5 % moves a p50 by up to 19 points on the llama.cpp logs of docs/BENCHMARKS.md), so one replay
+with the point estimates is one draw of an uncertain figure. Each of the ensemble's `ensemble_size` draws redoes
+the fit with every sample an estimate is taken from replaced by a bootstrap resample (seeded: a rerun gives the
+same report): each machine's answers, so h, the slopes and the external factors are refitted together, and at
+each of the fit's steps, each tier's decode ratios; the maps are refitted in the draw's own passes, so each draw
+still reproduces the log's TTFT distribution as the point fit does and the draws differ where the fit cannot pin
+them. Each draw replays the window once; a figure's TTFT p50 / p99 is the median over the replays of each one's
+(`summary.Tally.replays`), a shed count the mean. On the llama.cpp logs a single replay's p50 spreads 1-10 points
+(SD) across the draws; the median of 16 has about a third of that as its own error. K = ENSEMBLE_REQUESTS // the
+requests the log's window sends to the fleet, 1 to REPLAYS: a small window, whose fit is the least certain and
+whose p50 the fewest requests decide, gets 16 (a 480-request log: 16 x 4 fit runs and 16 replays per scenario,
+3-4.5 s instead of 0.3-0.5 s on the shared 2-core machine); a window of 8,192 requests or more is replayed once,
+as the point fit (the 1 M-line benchmark's 6,087: its run time unchanged).
 """
 
 from __future__ import annotations
@@ -11,7 +30,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
 
 from gateway.config import GatewayConfig
 from gateway.whatif.decide import HITS
@@ -34,12 +57,21 @@ class FleetFit:
     hosts: Mapping[str, HostSpeed] = dataclasses.field(default_factory=dict)  # by machine (`machine`)
     tier_hosts: Mapping[str, HostSpeed] = dataclasses.field(default_factory=dict)  # by tier: its own answers'
     batch_slope: Mapping[str, float] = dataclasses.field(default_factory=dict)  # a CPU-served tier's, fitted
+    draws: tuple[FleetFit, ...] = ()  # the ensemble (`fit_fleet`): none, one replay of this fit
+
+    def members(self) -> list[FleetFit]:
+        """The fits the window is replayed with: the ensemble's draws, else this fit alone."""
+        return list(self.draws) or [self]
 
 
+T = TypeVar("T")
 POOLED = ""  # FleetFit.maps' tier of all tiers together
 NO_FIT = FleetFit({}, {})
 KINDS = ("stream", "whole", "busy")  # a streamed first token, a whole answer's last, the slot held to the end
 MAP_PASSES = 2  # fleet runs with the maps in place, each refitting them against its own simulated TTFTs
+REPLAYS = 16  # the ensemble's draws at most (module docstring)
+ENSEMBLE_REQUESTS = 8192  # the log window's requests to the fleet times the draws, at most
+ENSEMBLE_SEED = 40  # the bootstrap's: a rerun draws the same ensemble
 
 
 def fitted_physics(config: GatewayConfig, samples: Mapping[str, Samples],
@@ -93,6 +125,14 @@ def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fit
     and of an f16 model on the same cores are not slowed alike by the same moment's other work (compute- and
     memory-bound kernels), and what of a tier's own load the model misses stays with it instead of slowing the
     other tier's answers; and per machine from all its answers (`HostFit.machines`), for a tier without its own."""
+    return _host_fit(_answers(config, window, physics), physics)
+
+
+Measured = dict[str, list[tuple[float, float, Answer]]]  # by machine: each answer's (start, end, figures)
+
+
+def _answers(config: GatewayConfig, window: Window, physics: Mapping[str, Fitted]) -> Measured:
+    """The answers `host_speeds` fits on, by machine."""
     tiers = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
     runs: dict[str, list[tuple[float, float]]] = {}  # by replica: every answer that occupied it
     hosts: dict[str, str] = {}  # each replica's machine
@@ -110,7 +150,7 @@ def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fit
             answers.append((rec.tier, rec.backend, start, end, rec))
     busy = {backend: _Occupancy(spans) for backend, spans in runs.items()}
     held = {backend: _Occupancy(_union(spans)) for backend, spans in runs.items()}  # 1 while any answer runs
-    measured: dict[str, list[tuple[float, float, Answer]]] = {}  # by machine
+    measured: Measured = {}
     for name, backend, start, end, rec in answers:
         p = physics[name].profile
         beside = max(0.0, busy[backend].integral(start, end) / (end - start) - 1)  # the answer itself is one
@@ -120,6 +160,11 @@ def host_speeds(config: GatewayConfig, window: Window, physics: Mapping[str, Fit
         measured.setdefault(host, []).append((start, end, Answer(
             name, (start + end) / 2, others, beside, end - start, max(0, rec.prompt - rec.cached) / p.prefill_tps,
             max(1, rec.completion) * p.tpot_1_s)))
+    return measured
+
+
+def _host_fit(measured: Measured, physics: Mapping[str, Fitted]) -> HostFit:
+    """`host_speeds` fitted on `measured`."""
     out = HostFit({}, {}, {})
     for host, values in measured.items():
         h, slopes = fit_sharing([answer for _, _, answer in values])
@@ -177,7 +222,8 @@ class _Occupancy:
         return self._upto(end) - self._upto(start)
 
 
-def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Samples]) -> FleetFit:
+def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Samples],
+              replays: int | None = None) -> FleetFit:
     """The window replayed as the log routed it (every request that reached a replica, whole answers too, and the
     ones the log shows shed in the queue, which the replay sends to the fleet too: the load is the replay's) through
     the fleet of `config` (the routes that produced the log):
@@ -202,19 +248,45 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
     slow, to the requests the simulation finds slowest, its most concurrent ones: longer holds where the simulated
     queue already is, and a queue the log did not have)."""
     physics = {name: dataclasses.replace(f, overhead_s=0.0) for name, f in fitted_physics(config, samples).items()}
-    cpu = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
-    hosts = host_speeds(config, window, physics)
-    for name, cpu_tier in cpu.items():
-        physics[name] = dataclasses.replace(
-            physics[name], host=hosts.tiers.get(name) or hosts.machines.get(machine(cpu_tier)),
-            profile=dataclasses.replace(physics[name].profile,
-                                        batch_slope=hosts.batch_slope.get(name, physics[name].profile.batch_slope)))
+    measured = _answers(config, window, physics)
     arrivals: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
         rec = row.rec
         if rec.tier in physics and rec.cache not in HITS and (rec.served or rec.status == 499 or rec.refused in SHED):
             arrivals.append((rec, Arrival(rec.arrival, rec.tenant, rec.tier, rec.prompt - rec.cached,
                                           rec.completion, rec.stream)))
+    point = _fit(config, arrivals, physics, measured, None)
+    count = ensemble_size(len(arrivals)) if replays is None else replays
+    if count <= 1:
+        return point
+    rng = np.random.default_rng(ENSEMBLE_SEED)
+    return dataclasses.replace(point, draws=tuple(_fit(config, arrivals, physics, measured, rng)
+                                                  for _ in range(count)))
+
+
+def ensemble_size(requests: int) -> int:
+    """How many replays the ensemble of a window of `requests` sent to the fleet runs (module docstring)."""
+    return max(1, min(REPLAYS, ENSEMBLE_REQUESTS // max(1, requests)))
+
+
+def _resampled(values: Sequence[T], rng: np.random.Generator | None) -> Sequence[T]:
+    """`values`, or (`rng`) as many drawn from them with replacement: a bootstrap sample."""
+    return values if rng is None else [values[i] for i in rng.integers(0, len(values), len(values))]
+
+
+def _fit(config: GatewayConfig, arrivals: list[tuple[Logged, Arrival]], physics: Mapping[str, Fitted],
+         measured: Measured, rng: np.random.Generator | None) -> FleetFit:
+    """`fit_fleet`'s steps from the log's `arrivals`, the tiers' `physics` and the CPU-served answers (`measured`);
+    with `rng`, one draw of the ensemble: each sample an estimate is taken from (each machine's answers, each tier's
+    decode ratios) a bootstrap resample of it."""
+    physics = dict(physics)
+    cpu = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
+    hosts = _host_fit({host: list(_resampled(answers, rng)) for host, answers in measured.items()}, physics)
+    for name, cpu_tier in cpu.items():
+        physics[name] = dataclasses.replace(
+            physics[name], host=hosts.tiers.get(name) or hosts.machines.get(machine(cpu_tier)),
+            profile=dataclasses.replace(physics[name].profile,
+                                        batch_slope=hosts.batch_slope.get(name, physics[name].profile.batch_slope)))
     tpot_1: dict[str, float] = {}
     maps: dict[tuple[str, str], QuantileMap] = {}
     by_hold = set(cpu)  # decode fitted on the slot's hold
@@ -245,7 +317,7 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
         for name, values in ratios.items():
             if len(values) >= MIN_SAMPLES and (step == 0 or name in by_hold):
                 profile = physics[name].profile
-                tpot_1[name] = profile.tpot_1_s * statistics.median(values)
+                tpot_1[name] = profile.tpot_1_s * statistics.median(_resampled(values, rng))
                 physics[name] = dataclasses.replace(physics[name],
                                                     profile=dataclasses.replace(profile, tpot_1_s=tpot_1[name]))
         if step == 0:
@@ -269,11 +341,19 @@ def record_window(window: Window, tally: Tally) -> None:
 
 def simulate_window(name: str, config: GatewayConfig, window: Window, physics: Mapping[str, Fitted],
                     tally: Tally) -> list[tuple[Logged, Arrival]]:
-    """Scenario `name`'s window through its fleet; TTFTs and sheds into `tally`. Returns each request sent to the
-    fleet, as logged and as simulated (what `bench/whatif_validate.py --explain` compares)."""
+    """Scenario `name`'s window through its fleet once; TTFTs and sheds into `tally`. Returns each request sent to
+    the fleet, as logged and as simulated (what `bench/whatif_validate.py --explain` compares)."""
+    return simulate_ensemble(name, config, window, [physics], tally)[0]
+
+
+def simulate_ensemble(name: str, config: GatewayConfig, window: Window, members: Sequence[Mapping[str, Fitted]],
+                      tally: Tally) -> list[list[tuple[Logged, Arrival]]]:
+    """Scenario `name`'s window through its fleet once per member of the ensemble (each a physics: `ensemble`):
+    every replay's TTFTs into `tally`'s sketches (pooled) and into a tally of its own (`Tally.replays`: the TTFT
+    quantiles are the median of theirs), each shed reason's count the mean over the replays (rounded). Returns each
+    replay's requests sent to the fleet, as logged and as simulated."""
     assert name != RECORDED
-    arrivals: list[Arrival] = []
-    sent: list[tuple[Logged, Arrival]] = []
+    template: list[tuple[Logged, Arrival]] = []
     for row in window.rows:
         decision, rec = row.decisions[name], row.rec
         tally.window_requests += 1
@@ -284,16 +364,32 @@ def simulate_window(name: str, config: GatewayConfig, window: Window, physics: M
         if decision.refused is not None and decision.refused not in SHED:
             continue  # refused by policy (429, 4xx), or failed upstream as logged: no first token to time
         cached = rec.cached if decision.tier == rec.tier else 0
-        arrivals.append(Arrival(rec.arrival, rec.tenant, decision.tier, decision.prompt - cached,
-                                decision.completion, rec.stream))
-        sent.append((rec, arrivals[-1]))
-    Fleet(config.routes, physics).run(arrivals)
-    for request in arrivals:
-        if request.shed is not None:
-            tally.shed[request.shed] += 1
-        elif request.ttft_ms is not None:
-            _ttft(tally, request.tier, request.tenant, request.ttft_ms)
-    return sent
+        template.append((rec, Arrival(rec.arrival, rec.tenant, decision.tier, decision.prompt - cached,
+                                      decision.completion, rec.stream)))
+    replays: list[list[tuple[Logged, Arrival]]] = []
+    shed: Counter[str] = Counter()
+    for physics in members:
+        sent = [(rec, dataclasses.replace(arrival)) for rec, arrival in template]
+        Fleet(config.routes, physics).run(arrival for _, arrival in sent)
+        each = Tally()
+        for _, request in sent:
+            if request.shed is not None:
+                shed[request.shed] += 1
+            elif request.ttft_ms is not None:
+                _ttft(each, request.tier, request.tenant, request.ttft_ms)
+                _ttft(tally, request.tier, request.tenant, request.ttft_ms)
+        tally.replays.append(each)
+        replays.append(sent)
+    for reason, count in shed.items():
+        if (mean := round(count / len(members))) > 0:
+            tally.shed[reason] += mean
+    return replays
+
+
+def ensemble(config: GatewayConfig, samples: Mapping[str, Samples], fleet: FleetFit) -> list[dict[str, Fitted]]:
+    """The physics of each replay of `config`'s window: `fitted_physics` with each member of `fleet`
+    (`FleetFit.members`)."""
+    return [fitted_physics(config, samples, member) for member in fleet.members()]
 
 
 def _ttft(tally: Tally, tier: str, tenant: str, ttft_ms: float) -> None:

@@ -1,10 +1,18 @@
 """Per scenario (recorded, baseline, candidate): requests, tier shares, costs, refusals, by tenant, tier, day and
-hour, with bounded memory (sums and counters; TTFTs in quantile sketches, filled by the fleet simulation)."""
+hour, with bounded memory (sums and counters; TTFTs in quantile sketches, filled by the fleet simulation).
+
+A simulated scenario's window is replayed by an ensemble (`simulate.simulate_ensemble`): its sketches pool every
+replay's TTFTs (the distribution the HTML chart draws from), and each replay's own tally is kept (`Tally.replays`):
+a TTFT p50 or p99 (overall, of a tier, of a tenant) is the median over the replays of each replay's own. That is the
+figure one run's window shows, as the fit's uncertainty spreads it; the pooled sketch's p99 is the mixture's, whose
+tail the few replays with the longest queues fill, above what a typical replay (and a run) shows.
+"""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from gateway.accounting.quantiles import QuantileSketch
@@ -41,6 +49,7 @@ class Tally:
     overall_ttft: QuantileSketch = field(default_factory=QuantileSketch)
     exhausted: dict[tuple[str, str], float] = field(default_factory=dict)  # (tenant, day) -> budget used up at
     moved: Counter[str] = field(default_factory=Counter)  # requests spill moved ("spilled"), a session held ("held")
+    replays: list[Tally] = field(default_factory=list)  # an ensemble's replays, each one's TTFTs (module docstring)
 
     def routed(self, spilled_from: str | None, session_route: str | None) -> None:
         """Count what spill and sessions did to a request's tier."""
@@ -77,24 +86,34 @@ class Tally:
             "refused_in_window": dict(sorted(self.shed.items())),
             "cache_hits": self.cache_hits,
             "spilled": self.moved["spilled"], "held_by_session": self.moved["held"],
-            **_quantiles(self.overall_ttft),
+            **self._quantiles(),
             "window_requests": self.window_requests,
             "budgets_exhausted": {f"{tenant} {day}": at for (tenant, day), at in sorted(self.exhausted.items())},
             "tenants": {name: {"requests": c.requests, "cost_usd": round(c.cost, 9), "refused": c.refused,
                                "tiers": {t: {"requests": tc.requests, "cost_usd": round(tc.cost, 9)}
                                          for (n, t), tc in sorted(self.tenant_tiers.items()) if n == name},
-                               **_quantiles(self.tenant_ttft.get(name))}
+                               **self._quantiles(tenant=name)}
                         for name, c in sorted(self.tenants.items())},
             "cost_by_day": {day: round(v, 9) for day, v in sorted(self.by_day.items())},
         }
 
     def _tier(self, name: str, cell: Cell) -> dict[str, Any]:
         return {"share": cell.requests / self.requests if self.requests else 0.0, "requests": cell.requests,
-                "cost_usd": round(cell.cost, 9), **_quantiles(self.ttft.get(name))}
+                "cost_usd": round(cell.cost, 9), **self._quantiles(tier=name)}
 
+    def ttft_quantile(self, q: float, tier: str | None = None, tenant: str | None = None) -> float | None:
+        """The TTFT q-quantile overall, of `tier` or of `tenant`: the median over the replays of each one's
+        (`replays`), else this tally's; None without a TTFT."""
+        each = [t._sketch(tier, tenant) for t in self.replays or [self]]
+        values = [v for sketch in each if sketch is not None and len(sketch) and (v := sketch.quantile(q)) is not None]
+        return median(values) if values else None
 
-def _quantiles(sketch: QuantileSketch | None) -> dict[str, float | None]:
-    if sketch is None or not len(sketch):
-        return {"ttft_p50_ms": None, "ttft_p99_ms": None}
-    p50, p99 = sketch.quantile(0.5), sketch.quantile(0.99)
-    return {"ttft_p50_ms": None if p50 is None else round(p50, 3), "ttft_p99_ms": None if p99 is None else round(p99, 3)}
+    def _sketch(self, tier: str | None, tenant: str | None) -> QuantileSketch | None:
+        if tier is not None:
+            return self.ttft.get(tier)
+        return self.overall_ttft if tenant is None else self.tenant_ttft.get(tenant)
+
+    def _quantiles(self, tier: str | None = None, tenant: str | None = None) -> dict[str, float | None]:
+        p50, p99 = (self.ttft_quantile(q, tier, tenant) for q in (0.5, 0.99))
+        return {"ttft_p50_ms": None if p50 is None else round(p50, 3),
+                "ttft_p99_ms": None if p99 is None else round(p99, 3)}

@@ -631,3 +631,88 @@ def test_each_tier_runs_at_the_external_speed_its_own_answers_measured() -> None
     for arrival, row in zip(replayed, window.rows, strict=True):
         assert arrival.waited_s == 0.0
         assert arrival.done_s == pytest.approx(row.rec.e2e_ms / 1000, rel=0.05), (row.rec.tier, row.rec.arrival)
+
+
+def _one_a_second_log(cfg: GatewayConfig) -> Any:
+    """40 streamed requests, one a second, 20 output tokens each, each decided under `cfg` as the baseline."""
+    from gateway.whatif.replay import Row, Window
+
+    rows = []
+    for n in range(40):
+        rec = line(n, completion_tokens=20, ttft_ms=30.0, e2e_ms=160.0)
+        rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+    return Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+
+
+def test_an_ensemble_s_ttft_quantiles_are_the_median_replay_s_and_its_sheds_the_mean() -> None:
+    """Three replays of one window, one fast, one a little slower, one so slow its queue fills: the figures' TTFT
+    p50 and p99 are the middle replay's own (the median of each one's), not the pooled TTFTs' (whose p99 the slow
+    replay's queue fills); a shed count is the mean over the replays, rounded; the sketches pool every TTFT."""
+    import dataclasses
+
+    from gateway.whatif.simulate import simulate_ensemble, simulate_window
+    from gateway.whatif.summary import Tally
+
+    cfg = gateway_config([tier("small", ["http://127.0.0.1:9/v1"], precision="int4")],
+                         policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]},
+                         admission={"initial_limit": 1, "min_limit": 1, "max_queue": 2, "max_wait_ms": 60_000})
+    window = _one_a_second_log(cfg)
+    members = [{"small": Fitted(dataclasses.replace(PROFILES["int4"], tpot_1_s=PROFILES["int4"].tpot_1_s * scale),
+                                0.0, 0, "int4")} for scale in (1.0, 1.5, 40.0)]
+    alone = []
+    for physics in members:
+        each = Tally()
+        simulate_window("baseline", cfg, window, physics, each)
+        alone.append(each)
+    sheds = [sum(t.shed.values()) for t in alone]
+    assert sheds[0] == sheds[1] == 0 and sheds[2] >= 2  # the slow replay's queue overflows
+    tally = Tally()
+    replays = simulate_ensemble("baseline", cfg, window, members, tally)
+    assert len(replays) == 3 and len(tally.replays) == 3 and tally.window_requests == 40
+    figures, middle = tally.figures(), alone[1].figures()
+    assert (figures["ttft_p50_ms"], figures["ttft_p99_ms"]) == (middle["ttft_p50_ms"], middle["ttft_p99_ms"])
+    for q in (0.5, 0.99):
+        assert tally.ttft_quantile(q, tier="small") == alone[1].ttft_quantile(q, tier="small") is not None
+        assert tally.ttft_quantile(q, tenant="t") == alone[1].ttft_quantile(q, tenant="t") is not None
+    assert len(tally.overall_ttft) == sum(len(t.overall_ttft) for t in alone)
+    pooled = tally.overall_ttft.quantile(0.99)
+    assert pooled is not None and pooled > 2 * figures["ttft_p99_ms"]  # the slow replay's queue
+    assert sum(tally.shed.values()) == round(sheds[2] / 3)
+
+
+def test_the_fit_s_draws_are_seeded_bootstrap_refits_and_a_large_window_is_replayed_once() -> None:
+    """The ensemble's draws (`fit_fleet`): the fit redone on bootstrap resamples of its samples (the machine's
+    answers, the decode ratios), so the draws differ from one another around the point fit, which they leave as it
+    is; seeded, so the same log gives the same draws. Their number: 16 for a small window, fewer as it grows, one
+    replay of the point fit from ENSEMBLE_REQUESTS requests on."""
+    import random
+
+    from gateway.whatif.replay import Row, Window
+    from gateway.whatif.simulate import ENSEMBLE_REQUESTS, REPLAYS, ensemble, ensemble_size, fit_fleet
+
+    cfg = gateway_config([_cpu_pair()], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]})
+    rng = random.Random(3)
+    rows = []
+    for n in range(120):  # a request a second, every third one paired on the other replica; holds scattered
+        for k, backend in enumerate(("small-a", "small-b") if n % 3 == 0 else ("small-a",)):
+            e2e = (800.0 if n % 3 == 0 else 500.0) * rng.lognormvariate(0.0, 0.3)
+            rec = line(2 * n + k, arrival_s=1_795_000_000.0 + n, stream=False, ttft_ms=e2e, tpot_ms=None,
+                       e2e_ms=e2e, completion_tokens=40, prompt_tokens=10, backend=backend)
+            rows.append(Row(rec, {"baseline": Decider(cfg).decide(rec)}))
+    window = Window(rows[0].rec.arrival, rows[-1].rec.arrival, rows)
+    point = fit_fleet(cfg, window, {}, replays=1)
+    assert point.draws == () and point.members() == [point]
+    fit = fit_fleet(cfg, window, {}, replays=6)
+    assert fit.tpot_1 == point.tpot_1 and fit.hosts == point.hosts and fit.maps == point.maps
+    assert len(fit.draws) == 6 and fit.members() == list(fit.draws) and all(d.draws == () for d in fit.draws)
+    steps = [d.tpot_1["small"] for d in fit.draws]
+    contentions = [d.hosts["127.0.0.1"].contention for d in fit.draws]
+    assert len(set(steps)) > 1 and len(set(contentions)) > 1
+    assert min(steps) < point.tpot_1["small"] * 1.2 and max(steps) > point.tpot_1["small"] / 1.2
+    again = fit_fleet(cfg, window, {}, replays=6)
+    assert [d.tpot_1 for d in again.draws] == [d.tpot_1 for d in fit.draws]
+    assert [d.hosts for d in again.draws] == [d.hosts for d in fit.draws]
+    assert len(ensemble(cfg, {}, fit)) == 6
+    assert len(fit_fleet(cfg, window, {}).draws) == REPLAYS == ensemble_size(len(rows))
+    assert ensemble_size(480) == 16 and ensemble_size(1200) == 6 and ensemble_size(ENSEMBLE_REQUESTS) == 1
+    assert ensemble_size(6087) == 1 and ensemble_size(0) == REPLAYS
