@@ -1,6 +1,7 @@
 """Requests per second per core (issue 23): the bare proxy, the gateway and LiteLLM, driven by wrk.
 
     .venv/bin/python bench/req_per_core.py [--quick] [--no-litellm] [--duration S] [--no-docs]
+        [--baseline-tree DIR] [--variant-no-replay-fields] [--reps N]
 
 Starts on 127.0.0.1 one backend emulator (`gateway emulate --profile instant`) and in front of it the
 bare aiohttp proxy (bench/bare_proxy.py), the gateway (`gateway serve`, one tier at the emulator,
@@ -11,6 +12,13 @@ non-streaming and streaming, concurrency 32 for --duration seconds, repetitions 
 and workload: req/s, p50/p99 latency (wrk), the proxy tree's CPU seconds (/proc schedstat) and
 req/s per core = responses / those CPU seconds. Table to stdout and docs/BENCHMARKS.md (between the
 issue-23 markers), JSON + markdown to bench/results/.
+
+Before and after in the same run (issue 37's target): `--baseline-tree DIR` adds the gateway of another checkout
+(`git worktree add /tmp/before <commit>`) as the proxy "gateway (<commit>)", and `--variant-no-replay-fields`
+this tree's gateway with `log_replay_fields: false`; both on the same emulator and Redis, interleaved with the
+others repetition by repetition. Their ratios are printed as a whole and per repetition (each pair ran back to
+back: the spread of those is the run's noise). With variants the table does not replace the issue-23 one in
+docs/BENCHMARKS.md (--no-docs is implied).
 """
 
 from __future__ import annotations
@@ -18,13 +26,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from gateway.bench import litellm_env
 from gateway.bench.closed_loop import ensure_wrk, wrk_version
-from gateway.bench.per_core import WORKLOADS, Settings, run_rounds, smoke, start_proxies, summarize
+from gateway.bench.per_core import WORKLOADS, Settings, Variant, run_rounds, smoke, start_proxies, summarize
 from gateway.bench.per_core import ratios as ratios_of
 from gateway.bench.procs import begin, interrupted, workdir
 from gateway.bench.report import ROOT, command_line, load_line, log, md_table, replace_marked, stamp, write_results
@@ -45,12 +55,30 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-docs", action="store_true", help="do not write docs/BENCHMARKS.md")
     p.add_argument("--no-replay-fields", action="store_true",
                    help="the gateway's policy says log_replay_fields: false (not for a tree older than it)")
+    p.add_argument("--baseline-tree", type=Path, action="append", default=[],
+                   help="another checkout's gateway measured in the same run (a git worktree of an earlier commit)")
+    p.add_argument("--variant-no-replay-fields", action="store_true",
+                   help="also this tree's gateway with log_replay_fields: false, in the same run")
+    p.add_argument("--reps", type=int, help="interleaved repetitions (default 3, --quick 1)")
     return p.parse_args()
+
+
+def variants(args: argparse.Namespace) -> list[Variant]:
+    """The other gateways of the run: each baseline tree (named by its commit), then the no-replay variant."""
+    found = []
+    for tree in args.baseline_tree:
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        found.append(Variant(f"gateway ({commit})", tree.resolve()))
+    if args.variant_no_replay_fields:
+        found.append(Variant("gateway (no replay fields)", replay_fields=False))
+    return found
 
 
 def settings(args: argparse.Namespace) -> Settings:
     duration, warmup, reps = (3, 1, 1) if args.quick else (10, 2, 3)
-    return Settings(concurrency=32, duration_s=args.duration or duration, warmup_s=warmup, reps=reps, max_tokens=16)
+    return Settings(concurrency=32, duration_s=args.duration or duration, warmup_s=warmup, reps=args.reps or reps,
+                    max_tokens=16)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -76,6 +104,7 @@ def main() -> int:
     args = parse_args()
     s = settings(args)
     exe = ensure_wrk()
+    others = variants(args)
     start = begin(no_pin=False)
     cpu, rest = start.gw_cpu, set(os.sched_getaffinity(0)) if start.gw_cpu is not None else None
     try:
@@ -85,7 +114,8 @@ def main() -> int:
                 os.sched_setaffinity(redis.process.pid, {cpu})
             emulator, proxies = start_proxies(start.procs, tmp, (redis.url, redis.process.pid), cpu,
                                               not args.no_litellm,
-                                              **({"replay_fields": False} if args.no_replay_fields else {}))
+                                              **({"replay_fields": False} if args.no_replay_fields else {}),
+                                              variants=others)
             tokens = {p.name: {w: smoke(p, stream, s.max_tokens) for w, stream in WORKLOADS.items()} for p in proxies}
             log("smoke test, content tokens per workload: " + "; ".join(f"{k} {v}" for k, v in tokens.items()))
             found = run_rounds(start.procs, exe, proxies, emulator, s, tmp, rest, log)
@@ -100,7 +130,7 @@ def main() -> int:
     text = render(result)
     print("\n" + text)
     print(f"results: {write_results('req_per_core', stamp(), result, text)}")
-    if not args.no_docs:
+    if not args.no_docs and not others:
         replace_marked(DOC, MARKER, text, heading=HEADING)
         print(f"updated {DOC.relative_to(ROOT)}")
     return 0

@@ -10,6 +10,7 @@ workload: responses / wall seconds (req/s) and responses / the proxy tree's CPU 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import urllib.request
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from gateway.bench.closed_loop import LoadSpec, Measurement, measure
 from gateway.bench.configs import policy_yaml, routes_yaml
 from gateway.bench.cpu import Log
 from gateway.bench.procs import Procs, bare_proxy_argv, free_port, wait_http
-from gateway.bench.stack import start_stack
+from gateway.bench.stack import start_gateway, start_stack
 
 KEY = "sk-bench"
 TIER = "small"
@@ -41,6 +42,17 @@ class Proxy:
 
 
 @dataclass(frozen=True, slots=True)
+class Variant:
+    """Another gateway measured in the same run, on the same emulator and Redis: `tree`, another checkout's
+    gateway (a `git worktree` of the commit before a change: "before and after, same run"), else this one's;
+    `replay_fields` False: its policy's `log_replay_fields: false`."""
+
+    name: str  # as the tables show it: "gateway (...)"
+    tree: Path | None = None
+    replay_fields: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     concurrency: int
     duration_s: int
@@ -56,26 +68,41 @@ def chat_body(model: str, stream: bool, max_tokens: int) -> bytes:
 
 
 def start_proxies(procs: Procs, tmp: Path, redis: tuple[str, int], cpu: int | None,
-                  litellm: bool, replay_fields: bool = True) -> tuple[int, list[Proxy]]:
+                  litellm: bool, replay_fields: bool = True,
+                  variants: Sequence[Variant] = ()) -> tuple[int, list[Proxy]]:
     """The emulator (profile instant) and the gateway on it (start_stack: `redis` = (URL, pid), charged to
-    the gateway; `replay_fields` False: its policy's `log_replay_fields: false`), the bare proxy and LiteLLM;
-    the proxies on `cpu`. (emulator pid, the proxies)."""
+    the gateway; `replay_fields` False: its policy's `log_replay_fields: false`), each of `variants` on the same
+    emulator and Redis, the bare proxy and LiteLLM; the proxies on `cpu`. (emulator pid, the proxies)."""
     pin = {cpu} if cpu is not None else None
-    policy = policy_yaml(TIER, [{"name": "bench", "key": KEY}], max_tokens=16,
-                         **({} if replay_fields else {"log_replay_fields": False}))
-    stack = start_stack(procs, tmp, lambda urls: routes_yaml({TIER: [(f"{TIER}-a", urls[0])]}), policy,
-                        profile="instant", redis_url=redis[0], gw_cpu=cpu)
+    stack = start_stack(procs, tmp, routes, _policy(replay_fields), profile="instant", redis_url=redis[0], gw_cpu=cpu)
     emu_url = stack.emulator_urls[0]  # …/v1
     port = free_port()
     bare = procs.start("bare", bare_proxy_argv(port, emu_url.removesuffix("/v1")), pin, tmp / "bare.out")
     wait_http(f"http://127.0.0.1:{port}/v1/models", bare, "bare proxy", method="POST")
+    auth = {**JSON, "Authorization": f"Bearer {KEY}"}
     proxies = [Proxy("bare proxy", f"http://127.0.0.1:{port}/v1/chat/completions", "emulated", JSON, [bare.pid]),
-               Proxy("gateway", stack.gateway_url + "/chat/completions", TIER,
-                     {**JSON, "Authorization": f"Bearer {KEY}"}, [stack.gateway_pid, redis[1]])]
+               Proxy("gateway", stack.gateway_url + "/chat/completions", TIER, auth, [stack.gateway_pid, redis[1]])]
+    for i, variant in enumerate(variants):
+        folder = tmp / f"variant-{i + 1}"
+        (folder / "config").mkdir(parents=True)
+        (folder / "config" / "routes.yaml").write_text(routes([emu_url]))
+        (folder / "config" / "policy.yaml").write_text(_policy(variant.replay_fields))
+        gw_port, gw_pid = start_gateway(procs, folder, f"gateway-{i + 1}", redis[0], cpu, tree=variant.tree)
+        proxies.append(Proxy(variant.name, f"http://127.0.0.1:{gw_port}/v1/chat/completions", TIER, auth,
+                             [gw_pid, redis[1]]))
     if litellm:
         port, pid = litellm_env.start(procs, tmp, emu_url, pin)
         proxies.append(Proxy("LiteLLM", f"http://127.0.0.1:{port}/v1/chat/completions", TIER, JSON, [pid]))
     return stack.emulator_pids[0], proxies
+
+
+def routes(urls: Sequence[str]) -> str:
+    return routes_yaml({TIER: [(f"{TIER}-a", urls[0])]})
+
+
+def _policy(replay_fields: bool) -> str:
+    return policy_yaml(TIER, [{"name": "bench", "key": KEY}], max_tokens=16,
+                       **({} if replay_fields else {"log_replay_fields": False}))
 
 
 def smoke(p: Proxy, stream: bool, max_tokens: int) -> int:
@@ -98,7 +125,7 @@ def run_rounds(procs: Procs, exe: str, proxies: Sequence[Proxy], emulator_pid: i
     def one(p: Proxy, workload: str, seconds: int, tag: str) -> Measurement:
         spec = LoadSpec(p.url, chat_body(p.model, WORKLOADS[workload], s.max_tokens), p.headers, s.concurrency,
                         seconds)
-        name = f"wrk-{tag}-{workload}-{p.name.split()[0].lower()}"
+        name = f"wrk-{tag}-{workload}-{re.sub('[^a-z0-9]+', '-', p.name.lower()).strip('-')}"
         return measure(procs, exe, spec, folder, name, proxy=p.name, workload=workload, proxy_pid=p.pids,
                        emulator_pid=emulator_pid, cpus=cpus)
 
@@ -141,12 +168,16 @@ def summarize(found: Sequence[Measurement]) -> list[dict[str, Any]]:
 
 
 def ratios(rows: Sequence[dict[str, Any]], target: float) -> dict[str, str]:
-    """gateway / LiteLLM and gateway / bare proxy, req/s per core, per workload; the issue's target."""
+    """gateway / LiteLLM and gateway / bare proxy, req/s per core, per workload; the issue's target. With
+    variants (`Variant`), gateway / each of them too, and repetition by repetition (interleaved, so each pair
+    ran back to back: their spread is the run's noise)."""
     by = {(r["workload"], r["proxy"]): r for r in rows}
     out: dict[str, str] = {}
     for workload in WORKLOADS:
         g = by.get((workload, "gateway"))
-        for other in ("LiteLLM", "bare proxy"):
+        others = ["LiteLLM", "bare proxy", *(r["proxy"] for r in rows
+                                            if r["workload"] == workload and r["proxy"].startswith("gateway ("))]
+        for other in others:
             o = by.get((workload, other))
             if g is None or o is None or not o["per_core"]:
                 continue
@@ -156,5 +187,8 @@ def ratios(rows: Sequence[dict[str, Any]], target: float) -> dict[str, str]:
             if other == "LiteLLM" and workload == "chat":
                 name += f" (target ≥ {target:g}x)"
                 value += " PASS" if ratio >= target else " FAIL"
+            if other.startswith("gateway ("):
+                value += "; per repetition " + " / ".join(
+                    f"{a / b:.3f}" for a, b in zip(g["per_core_reps"], o["per_core_reps"]) if b)
             out[name] = value
     return out

@@ -49,8 +49,17 @@ def start_stack(procs: Procs, tmp: Path, routes: Callable[[Sequence[str]], str],
     (config / "policy.yaml").write_text(policy)
     for i, (port, proc) in enumerate(zip(ports, emus)):  # before the gateway: its first health probe must pass,
         wait_http(f"http://127.0.0.1:{port}/health", proc, f"emulator-{i}")  # else it starts with no replica
-    gw_port, log = free_port(), tmp / "requests.log"
-    gw = procs.start("gateway", gateway_argv(config / "routes.yaml", config / "policy.yaml", gw_port, log, redis_url,
-                                             gw_cpu), None, tmp / "gateway.out")
-    wait_gateway(gw_port, gw, gateway_timeout_s)
-    return Stack(ports, [e.pid for e in emus], gw_port, gw.pid, log)
+    gw_port, gw_pid = start_gateway(procs, tmp, "gateway", redis_url, gw_cpu, gateway_timeout_s)
+    return Stack(ports, [e.pid for e in emus], gw_port, gw_pid, tmp / "requests.log")
+
+
+def start_gateway(procs: Procs, tmp: Path, name: str, redis_url: str | None, gw_cpu: int | None,
+                  timeout_s: float = 60, tree: Path | None = None) -> tuple[int, int]:
+    """`gateway serve` on the routes and policy files in `tmp`/config, its request log `tmp`/requests.log; `tree`:
+    the gateway package of another checkout (a `git worktree` of an earlier commit: its `python -m gateway`),
+    else this one's. Waits until it answers; (port, pid)."""
+    config, port = tmp / "config", free_port()
+    argv = gateway_argv(config / "routes.yaml", config / "policy.yaml", port, tmp / "requests.log", redis_url, gw_cpu)
+    gw = procs.start(name, argv, None, tmp / f"{name}.out", **({"cwd": tree} if tree is not None else {}))
+    wait_gateway(port, gw, timeout_s)
+    return port, gw.pid
