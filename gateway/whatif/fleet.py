@@ -93,6 +93,7 @@ class Fleet:
         self._events: list[tuple[float, int, int, str]] = []  # (time, order, replica index or RELEASE, tier)
         self._order = 0
         self._next_seq = 0
+        self.steps = 0  # engine steps run: the simulation's cost (`simulate.ensemble_size`)
         for tier in routes.tiers:
             fitted = physics.get(tier.name)
             if fitted is None or not tier.replicas:
@@ -147,6 +148,7 @@ class Fleet:
     def _step(self, name: str, index: int, replica: _Replica) -> None:
         engine = replica.engine
         duration = engine.step()
+        self.steps += 1
         host = self._tiers[name].fitted.host
         if host is not None:  # the machine's other replicas busy now, at its external speed of the time
             duration *= host.step(engine.clock, sum(other.busy for other in self._mates[id(replica)]))

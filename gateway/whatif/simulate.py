@@ -18,11 +18,13 @@ each of the fit's steps, each tier's decode ratios; the maps are refitted in the
 still reproduces the log's TTFT distribution as the point fit does and the draws differ where the fit cannot pin
 them. Each draw replays the window once; a figure's TTFT p50 / p99 is the median over the replays of each one's
 (`summary.Tally.replays`), a shed count the mean. On the llama.cpp logs a single replay's p50 spreads 1-10 points
-(SD) across the draws; the median of 16 has about a third of that as its own error. K = ENSEMBLE_REQUESTS // the
-requests the log's window sends to the fleet, 1 to REPLAYS: a small window, whose fit is the least certain and
-whose p50 the fewest requests decide, gets 16 (a 480-request log: 16 x 4 fit runs and 16 replays per scenario,
-3-4.5 s instead of 0.3-0.5 s on the shared 2-core machine); a window of 8,192 requests or more is replayed once,
-as the point fit (the 1 M-line benchmark's 6,087: its run time unchanged).
+(SD) across the draws; the median of 16 has about a third of that as its own error. The number of draws K is
+bounded by their cost, which is engine steps (each draw: 4 fit runs and a replay per scenario, ~2 us a step): K =
+ENSEMBLE_STEPS // the steps of the point fit's last run of the window, 1 to REPLAYS, so the ensemble adds at most
+about 5 s. A small window, whose fit is the least certain and whose p50 the fewest requests decide, gets 16 (the
+llama.cpp logs of 240-480 requests, 10,000-24,000 steps: 3-4.5 s a run instead of 0.3-0.5 s on the shared 2-core
+machine); the emulator fleet's 1,200 requests (38,000 steps) 10; the 100,000-line benchmark's window 3; the 1 M-line
+benchmark's (6,087 requests) is replayed once, as the point fit.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ NO_FIT = FleetFit({}, {})
 KINDS = ("stream", "whole", "busy")  # a streamed first token, a whole answer's last, the slot held to the end
 MAP_PASSES = 2  # fleet runs with the maps in place, each refitting them against its own simulated TTFTs
 REPLAYS = 16  # the ensemble's draws at most (module docstring)
-ENSEMBLE_REQUESTS = 8192  # the log window's requests to the fleet times the draws, at most
+ENSEMBLE_STEPS = 400_000  # the draws times the engine steps of one replay of the log's window, at most
 ENSEMBLE_SEED = 40  # the bootstrap's: a rerun draws the same ensemble
 
 
@@ -255,18 +257,18 @@ def fit_fleet(config: GatewayConfig, window: Window, samples: Mapping[str, Sampl
         if rec.tier in physics and rec.cache not in HITS and (rec.served or rec.status == 499 or rec.refused in SHED):
             arrivals.append((rec, Arrival(rec.arrival, rec.tenant, rec.tier, rec.prompt - rec.cached,
                                           rec.completion, rec.stream)))
-    point = _fit(config, arrivals, physics, measured, None)
-    count = ensemble_size(len(arrivals)) if replays is None else replays
+    point, steps = _fit(config, arrivals, physics, measured, None)
+    count = ensemble_size(steps) if replays is None else replays
     if count <= 1:
         return point
     rng = np.random.default_rng(ENSEMBLE_SEED)
-    return dataclasses.replace(point, draws=tuple(_fit(config, arrivals, physics, measured, rng)
+    return dataclasses.replace(point, draws=tuple(_fit(config, arrivals, physics, measured, rng)[0]
                                                   for _ in range(count)))
 
 
-def ensemble_size(requests: int) -> int:
-    """How many replays the ensemble of a window of `requests` sent to the fleet runs (module docstring)."""
-    return max(1, min(REPLAYS, ENSEMBLE_REQUESTS // max(1, requests)))
+def ensemble_size(steps: int) -> int:
+    """How many draws the ensemble of a window whose replay runs `steps` engine steps has (module docstring)."""
+    return max(1, min(REPLAYS, ENSEMBLE_STEPS // max(1, steps)))
 
 
 def _resampled(values: Sequence[T], rng: np.random.Generator | None) -> Sequence[T]:
@@ -275,10 +277,10 @@ def _resampled(values: Sequence[T], rng: np.random.Generator | None) -> Sequence
 
 
 def _fit(config: GatewayConfig, arrivals: list[tuple[Logged, Arrival]], physics: Mapping[str, Fitted],
-         measured: Measured, rng: np.random.Generator | None) -> FleetFit:
+         measured: Measured, rng: np.random.Generator | None) -> tuple[FleetFit, int]:
     """`fit_fleet`'s steps from the log's `arrivals`, the tiers' `physics` and the CPU-served answers (`measured`);
     with `rng`, one draw of the ensemble: each sample an estimate is taken from (each machine's answers, each tier's
-    decode ratios) a bootstrap resample of it."""
+    decode ratios) a bootstrap resample of it. Returns the fit and the engine steps of its last fleet run."""
     physics = dict(physics)
     cpu = {tier.name: tier for tier in config.routes.tiers if cpu_served(tier) and tier.name in physics}
     hosts = _host_fit({host: list(_resampled(answers, rng)) for host, answers in measured.items()}, physics)
@@ -290,9 +292,12 @@ def _fit(config: GatewayConfig, arrivals: list[tuple[Logged, Arrival]], physics:
     tpot_1: dict[str, float] = {}
     maps: dict[tuple[str, str], QuantileMap] = {}
     by_hold = set(cpu)  # decode fitted on the slot's hold
+    steps = 0
     for step in range(2 + MAP_PASSES):
         runs = [(rec, dataclasses.replace(a)) for rec, a in arrivals]
-        Fleet(config.routes, physics).run(a for _, a in runs)
+        fleet = Fleet(config.routes, physics)
+        fleet.run(a for _, a in runs)
+        steps = fleet.steps
         ratios: dict[str, list[float]] = {}
         found: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
         for rec, arrival in runs:
@@ -324,7 +329,7 @@ def _fit(config: GatewayConfig, arrivals: list[tuple[Logged, Arrival]], physics:
             continue
         maps = {key: m for key, (sim, logged) in found.items() if (m := QuantileMap.fit(sim, logged)) is not None}
         physics = {name: _mapped(f, name, maps, name in by_hold) for name, f in physics.items()}
-    return FleetFit(tpot_1, maps, hosts.machines, hosts.tiers, hosts.batch_slope)
+    return FleetFit(tpot_1, maps, hosts.machines, hosts.tiers, hosts.batch_slope), steps
 
 
 def record_window(window: Window, tally: Tally) -> None:

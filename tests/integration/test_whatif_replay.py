@@ -92,6 +92,7 @@ async def test_whatif_replays_a_real_log(tmp_path: Path, start_emulator: StartEm
     recorded, baseline, candidate = same["recorded"], same["baseline"], same["candidate"]
     assert recorded["requests"] == baseline["requests"] == candidate["requests"] == len(PROMPTS) + 1
     assert same["meta"]["price_only"] == 0
+    assert same["meta"]["replays"] == 16  # a small window: the ensemble's most draws (`simulate.ensemble_size`)
     for tier in TIERS:
         assert baseline["tiers"][tier]["requests"] == recorded["tiers"][tier]["requests"] > 0
         assert baseline["tiers"][tier]["share"] == recorded["tiers"][tier]["share"]

@@ -683,12 +683,12 @@ def test_an_ensemble_s_ttft_quantiles_are_the_median_replay_s_and_its_sheds_the_
 def test_the_fit_s_draws_are_seeded_bootstrap_refits_and_a_large_window_is_replayed_once() -> None:
     """The ensemble's draws (`fit_fleet`): the fit redone on bootstrap resamples of its samples (the machine's
     answers, the decode ratios), so the draws differ from one another around the point fit, which they leave as it
-    is; seeded, so the same log gives the same draws. Their number: 16 for a small window, fewer as it grows, one
-    replay of the point fit from ENSEMBLE_REQUESTS requests on."""
+    is; seeded, so the same log gives the same draws. Their number: 16 for a small window, fewer as its replay's
+    engine steps grow, one replay of the point fit from ENSEMBLE_STEPS on."""
     import random
 
     from gateway.whatif.replay import Row, Window
-    from gateway.whatif.simulate import ENSEMBLE_REQUESTS, REPLAYS, ensemble, ensemble_size, fit_fleet
+    from gateway.whatif.simulate import ENSEMBLE_STEPS, REPLAYS, ensemble, ensemble_size, fit_fleet
 
     cfg = gateway_config([_cpu_pair()], policy={"tenants": [{"name": "t", "api_key_sha256": KEY}]})
     rng = random.Random(3)
@@ -713,6 +713,6 @@ def test_the_fit_s_draws_are_seeded_bootstrap_refits_and_a_large_window_is_repla
     assert [d.tpot_1 for d in again.draws] == [d.tpot_1 for d in fit.draws]
     assert [d.hosts for d in again.draws] == [d.hosts for d in fit.draws]
     assert len(ensemble(cfg, {}, fit)) == 6
-    assert len(fit_fleet(cfg, window, {}).draws) == REPLAYS == ensemble_size(len(rows))
-    assert ensemble_size(480) == 16 and ensemble_size(1200) == 6 and ensemble_size(ENSEMBLE_REQUESTS) == 1
-    assert ensemble_size(6087) == 1 and ensemble_size(0) == REPLAYS
+    assert len(fit_fleet(cfg, window, {}).draws) == REPLAYS  # 160 answers of 40 tokens: a few thousand steps
+    assert ensemble_size(24_000) == 16 and ensemble_size(100_000) == 4 and ensemble_size(ENSEMBLE_STEPS) == 1
+    assert ensemble_size(ENSEMBLE_STEPS // 2) == 2 and ensemble_size(10 * ENSEMBLE_STEPS) == 1
