@@ -82,7 +82,7 @@ def start_proxies(procs: Procs, tmp: Path, redis: tuple[str, int], cpu: int | No
     auth = {**JSON, "Authorization": f"Bearer {KEY}"}
     proxies = [Proxy("bare proxy", f"http://127.0.0.1:{port}/v1/chat/completions", "emulated", JSON, [bare.pid]),
                Proxy("gateway", stack.gateway_url + "/chat/completions", TIER, auth, [stack.gateway_pid, redis[1]])]
-    for i, variant in enumerate(variants):
+    for i, variant in enumerate(sorted(variants, key=lambda v: v.tree is not None)):  # baselines last: `ratios`
         folder = tmp / f"variant-{i + 1}"
         (folder / "config").mkdir(parents=True)
         (folder / "config" / "routes.yaml").write_text(routes([emu_url]))
@@ -169,15 +169,13 @@ def summarize(found: Sequence[Measurement]) -> list[dict[str, Any]]:
 
 def ratios(rows: Sequence[dict[str, Any]], target: float) -> dict[str, str]:
     """gateway / LiteLLM and gateway / bare proxy, req/s per core, per workload; the issue's target. With
-    variants (`Variant`), gateway / each of them too, and repetition by repetition (interleaved, so each pair
-    ran back to back: their spread is the run's noise)."""
+    variants (`Variant`), each gateway / each variant listed after it, whole and repetition by repetition
+    (interleaved, so each pair ran back to back: the spread of those is the run's noise)."""
     by = {(r["workload"], r["proxy"]): r for r in rows}
     out: dict[str, str] = {}
     for workload in WORKLOADS:
         g = by.get((workload, "gateway"))
-        others = ["LiteLLM", "bare proxy", *(r["proxy"] for r in rows
-                                            if r["workload"] == workload and r["proxy"].startswith("gateway ("))]
-        for other in others:
+        for other in ("LiteLLM", "bare proxy"):
             o = by.get((workload, other))
             if g is None or o is None or not o["per_core"]:
                 continue
@@ -187,8 +185,13 @@ def ratios(rows: Sequence[dict[str, Any]], target: float) -> dict[str, str]:
             if other == "LiteLLM" and workload == "chat":
                 name += f" (target ≥ {target:g}x)"
                 value += " PASS" if ratio >= target else " FAIL"
-            if other.startswith("gateway ("):
-                value += "; per repetition " + " / ".join(
-                    f"{a / b:.3f}" for a, b in zip(g["per_core_reps"], o["per_core_reps"]) if b)
             out[name] = value
+        gateways = [r for r in rows if r["workload"] == workload and r["proxy"].startswith("gateway")]
+        for i, a in enumerate(gateways):
+            for b in gateways[i + 1:]:
+                if b["per_core"]:
+                    out[f"{workload}: {a['proxy']} / {b['proxy']}, req/s per core"] = (
+                        f"{a['per_core'] / b['per_core']:.3f}x ({a['per_core']:.0f} vs {b['per_core']:.0f}); per "
+                        "repetition " + " / ".join(f"{x / y:.3f}" for x, y in zip(a["per_core_reps"],
+                                                                               b["per_core_reps"]) if y))
     return out
