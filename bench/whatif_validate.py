@@ -369,8 +369,7 @@ def analyse(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     compare = meta | {
         "own": _short(results["calibrate-A"]["calibration"]),
         "own_physics": results["calibrate-A"]["meta"]["physics"]["baseline"],
-        "own_each": {name: {k: results[f"calibrate-{name}"]["calibration"][k] for k in ("ttft_p50", "ttft_p99")}
-                     for name in files},
+        "own_each": {name: {k: results[f"calibrate-{name}"]["calibration"].get(k) for k in OWN_EACH} for name in files},
         "changed": {name: changed(results[f"predicted-{name}"]["candidate"], results[f"calibrate-{name}"]["recorded"])
                     for name in files if name != "A"}}
     (folder / "compare.json").write_text(json.dumps(compare, indent=1))
@@ -463,8 +462,17 @@ def changed(pred: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
             "max_share_points": max(abs(100 * (v["share"][0] - v["share"][1])) for v in tiers.values())}
 
 
+OWN_EACH = ("ttft_p50", "ttft_p99", "ttft_p50_at", "ttft_p99_at")  # each log against its own policy
+
+
 def _short(cal: dict[str, Any]) -> dict[str, Any]:
-    return {k: cal[k] for k in ("cost", "ttft_p50", "ttft_p99", "max_share_points", "tiers", "refused")}
+    return {k: cal.get(k) for k in ("cost", "ttft_p50", "ttft_p99", "ttft_p50_at", "ttft_p99_at", "max_share_points",
+                                    "tiers", "refused")}
+
+
+def _at(quantile: float | None) -> str:
+    """' (recorded p47.6)': where a replayed TTFT falls among the recorded ones (`gateway.whatif.calibrate`)."""
+    return "" if quantile is None else f" (recorded p{100 * quantile:.1f})"
 
 
 def _rel(pair: tuple[float | None, float | None]) -> str:
@@ -485,8 +493,8 @@ def markdown(c: dict[str, Any]) -> str:
              "| figure | error | target |", "| --- | ---: | ---: |",
              f"| tier shares | {own['max_share_points']:.2f} points | exact |",
              f"| cost | {100 * (own['cost'] or 0):+.2f} % | 1 % |",
-             f"| TTFT p50 overall | {100 * (own['ttft_p50'] or 0):+.1f} % | 10 % |",
-             f"| TTFT p99 overall | {100 * (own['ttft_p99'] or 0):+.1f} % | 20 % |"]
+             f"| TTFT p50 overall | {100 * (own['ttft_p50'] or 0):+.1f} %{_at(own.get('ttft_p50_at'))} | 10 % |",
+             f"| TTFT p99 overall | {100 * (own['ttft_p99'] or 0):+.1f} %{_at(own.get('ttft_p99_at'))} | 20 % |"]
     for tier, t in own["tiers"].items():
         if t.get("ttft_p50") is not None:
             lines.append(f"| TTFT p50 / p99 {tier} | {100 * t['ttft_p50']:+.1f} % / "
@@ -499,8 +507,10 @@ def markdown(c: dict[str, Any]) -> str:
             f"{' / '.join(f'{v:.2f}' for v in p['host_speed']['factor'].values())}" for tier, p in sorted(hosts.items()))
             + "."]
     lines += ["", "Each run's log against its own policy (`--calibrate`), TTFT p50 / p99 overall: " + "; ".join(
-        f"{name} {100 * (e['ttft_p50'] or 0):+.1f} % / {100 * (e['ttft_p99'] or 0):+.1f} %"
-        for name, e in c.get("own_each", {}).items()) + "."]
+        f"{name} {100 * (e['ttft_p50'] or 0):+.1f} %{_at(e.get('ttft_p50_at'))} / "
+        f"{100 * (e['ttft_p99'] or 0):+.1f} %{_at(e.get('ttft_p99_at'))}"
+        for name, e in c.get("own_each", {}).items()) + " (in brackets: the recorded TTFTs' percentile at the replayed "
+        "figure)."]
     scenarios = LOCAL_SCENARIOS if c.get("stack") == "local" else SCENARIOS
     for name, ch in c["changed"].items():
         lines += ["", f"Policy {name} ({scenarios[name][3]}) predicted from log A, against run {name}:", "",

@@ -83,6 +83,36 @@ class QuantileSketch:
         lo_value, hi_value = self._value_at(low), self._value_at(high)
         return lo_value + (hi_value - lo_value) * (rank - low)
 
+    def quantile_of(self, value: float) -> float | None:
+        """Where `value` falls among the values: the q whose `quantile(q)` is `value` (0 below the least, 1 above
+        the greatest; the middle of a run of equal values), exact while the sketch is; beyond, from the buckets: the
+        values of lower buckets, half of `value`'s own bucket and the zeros below it, over the count. None if empty."""
+        if not self._flushed:
+            values = np.sort(np.frombuffer(self._buffer, dtype=np.float64))
+            if not len(values):
+                return None
+            if value < values[0] or value > values[-1]:
+                return float(value > values[-1])
+            if len(values) == 1:
+                return 0.5
+            below, through = int(np.searchsorted(values, value, "left")), int(np.searchsorted(values, value, "right"))
+            if through > below:  # equal values: the middle of their ranks
+                rank = (below + through - 1) / 2
+            else:  # between values[below - 1] and values[below]: interpolated as `quantile` does
+                low, high = values[below - 1], values[below]
+                rank = below - 1 + (value - low) / (high - low)
+            return float(rank / (len(values) - 1))
+        if self._buffer:
+            self._flush()
+        n = len(self)
+        if value <= 0:
+            return self._zeros / 2 / n
+        key = math.ceil(math.log(value) / self._log_gamma) - self._offset
+        counts = self._counts
+        lower = int(counts[:max(0, min(key, len(counts)))].sum())
+        own = int(counts[key]) if 0 <= key < len(counts) else 0
+        return (self._zeros + lower + own / 2) / n
+
     def _value_at(self, rank: int) -> float:
         if rank < self._zeros:
             return 0.0

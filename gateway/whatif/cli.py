@@ -84,7 +84,7 @@ def run_whatif(argv: Sequence[str]) -> int:
         simulate_ensemble(name, config, result.window, ensemble(config, result.samples, fleet), result.tallies[name])
     meta = _meta(result, decided_s, time.perf_counter() - started, physics) | {"replays": len(fleet.members())}
     doc = document(result.tallies, meta, None)
-    doc["calibration"] = errors(doc[RECORDED], doc["baseline"])
+    doc["calibration"] = errors(doc[RECORDED], doc["baseline"], result.tallies[RECORDED].ttft_rank)
     if args.json is not None:
         data = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
         if str(args.json) == "-":

@@ -54,7 +54,8 @@ def table(doc: Mapping[str, Any]) -> str:
     calibration = doc.get("calibration")
     if calibration is not None:
         rows.append(f"calibration (baseline vs recorded): cost {_pct(calibration['cost'])}, "
-                    f"ttft p50 {_pct(calibration['ttft_p50'])}, p99 {_pct(calibration['ttft_p99'])}, "
+                    f"ttft p50 {_pct(calibration['ttft_p50'])}{_at(calibration.get('ttft_p50_at'))}, "
+                    f"p99 {_pct(calibration['ttft_p99'])}{_at(calibration.get('ttft_p99_at'))}, "
                     f"largest share error {calibration['max_share_points']:.2f} points")
     return "\n".join(rows)
 
@@ -113,10 +114,20 @@ def _calibration(cal: Mapping[str, Any]) -> str:
     rows = ["<tr><th>tier</th><th>share (points)</th><th>cost</th><th>TTFT p50</th><th>TTFT p99</th></tr>"]
     for tier, e in cal["tiers"].items():
         rows.append(f"<tr><td>{escape(tier)}</td><td>{e['share_points']:+.2f}</td><td>{_pct(e['cost'])}</td>"
-                    f"<td>{_pct(e['ttft_p50'])}</td><td>{_pct(e['ttft_p99'])}</td></tr>")
+                    f"<td>{_pct(e['ttft_p50'])}{_at(e.get('ttft_p50_at'))}</td>"
+                    f"<td>{_pct(e['ttft_p99'])}{_at(e.get('ttft_p99_at'))}</td></tr>")
     rows.append(f"<tr><th>overall</th><td>{cal['max_share_points']:.2f} max</td><td>{_pct(cal['cost'])}</td>"
-                f"<td>{_pct(cal['ttft_p50'])}</td><td>{_pct(cal['ttft_p99'])}</td></tr>")
-    return "<table>" + "".join(rows) + "</table><p>Read each candidate figure with these errors around it.</p>"
+                f"<td>{_pct(cal['ttft_p50'])}{_at(cal.get('ttft_p50_at'))}</td>"
+                f"<td>{_pct(cal['ttft_p99'])}{_at(cal.get('ttft_p99_at'))}</td></tr>")
+    return ("<table>" + "".join(rows) + "</table><p>Read each candidate figure with these errors around it. In "
+            "brackets: where the replayed figure falls among the recorded TTFTs (their percentile at it): a p50 "
+            "replayed at the 48th percentile of a log whose median lies in a gap can be 10 % off in milliseconds."
+            "</p>")
+
+
+def _at(quantile: float | None) -> str:
+    """' (at the recorded 47.6th percentile)', or nothing without it."""
+    return "" if quantile is None else f" (at the recorded {100 * quantile:.1f}th percentile)"
 
 
 def _ttft_chart(tallies: Mapping[str, Tally], names: list[str]) -> str:

@@ -108,6 +108,12 @@ class Tally:
         values = [v for sketch in each if sketch is not None and len(sketch) and (v := sketch.quantile(q)) is not None]
         return median(values) if values else None
 
+    def ttft_rank(self, ttft_ms: float | None, tier: str | None = None) -> float | None:
+        """Where `ttft_ms` falls among this tally's TTFTs (overall, or `tier`'s): the q of which it is the
+        q-quantile (`QuantileSketch.quantile_of`); None without either."""
+        sketch = self._sketch(tier, None)
+        return None if ttft_ms is None or sketch is None or not len(sketch) else sketch.quantile_of(ttft_ms)
+
     def _sketch(self, tier: str | None, tenant: str | None) -> QuantileSketch | None:
         if tier is not None:
             return self.ttft.get(tier)

@@ -99,6 +99,8 @@ async def test_whatif_replays_a_real_log(tmp_path: Path, start_emulator: StartEm
         assert baseline["tiers"][tier]["ttft_p50_ms"] is not None
     assert candidate["cost_usd"] == pytest.approx(recorded["cost_usd"], rel=0.01)
     assert same["calibration"]["max_share_points"] == 0.0
+    at = same["calibration"]["ttft_p50_at"]  # where the replayed p50 falls among the recorded TTFTs
+    assert at is not None and 0.0 <= at <= 1.0 and same["calibration"]["tiers"]["large"]["ttft_p99_at"] is not None
 
     everything_large: list[dict[str, Any]] = [{"tier": "large"}]
     changed = write_config(tmp_path, urls, everything_large, 10)

@@ -61,3 +61,26 @@ def test_empty_and_bad_q() -> None:
     assert sketch.quantile(0.5) is None and len(sketch) == 0
     with pytest.raises(ValueError):
         sketch.quantile(1.5)
+
+
+def test_quantile_of_inverts_quantile_exactly_below_the_cap_and_within_a_bucket_above() -> None:
+    values = np.random.default_rng(5).lognormal(6, 0.8, size=1500)
+    exact, bucketed = _fill(values), _fill(values, cap=100)
+    for q in (0.0, 0.1, 0.476, 0.5, 0.9, 0.99, 1.0):
+        assert exact.quantile_of(exact.quantile(q) or 0.0) == pytest.approx(q, abs=1e-9)
+        # beyond the cap: the values below the bucket and half of it, against numpy's rank of the same value
+        value = float(np.quantile(values, q))
+        assert bucketed.quantile_of(value) == pytest.approx(float(np.mean(values < value)), abs=0.01)
+    assert exact.quantile_of(float(values.min()) / 2) == 0.0 and exact.quantile_of(float(values.max()) * 2) == 1.0
+    assert bucketed.quantile_of(float(values.max()) * 2) == pytest.approx(1.0, abs=0.001)
+    crowded = _fill(np.concatenate([values, np.full(500, 300.0)]), cap=100)  # one bucket holding 500 values
+    below = float(np.sum(values < 300.0 * (1 - RELATIVE_ERROR)))
+    assert crowded.quantile_of(300.0) == pytest.approx((below + 250) / 2000, abs=0.004)  # half its own bucket
+
+
+def test_quantile_of_a_run_of_equal_values_is_its_middle_and_of_nothing_none() -> None:
+    sketch = _fill(np.array([1.0, 2.0, 2.0, 2.0, 5.0]))
+    assert sketch.quantile_of(2.0) == 0.5 and sketch.quantile_of(3.5) == pytest.approx(0.875)
+    assert sketch.quantile(0.875) == pytest.approx(3.5)
+    assert QuantileSketch().quantile_of(1.0) is None
+    assert _fill(np.array([4.0])).quantile_of(4.0) == 0.5

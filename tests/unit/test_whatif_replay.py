@@ -18,6 +18,7 @@ from gateway.whatif.decide import Decider
 from gateway.whatif.fleet import Arrival, Fleet
 from gateway.whatif.physics import Fitted, Samples, fit
 from gateway.whatif.records import Logged
+from gateway.whatif.summary import Tally
 
 KEY = hashlib.sha256(TEST_API_KEY.encode()).hexdigest()
 BANDS = {"bands": [{"below": 0.5, "tier": "small"}, {"tier": "large"}]}
@@ -281,6 +282,28 @@ def test_calibration_errors_are_relative_and_in_points() -> None:
     e = errors(recorded, replayed)
     assert (e["cost"], e["ttft_p50"], e["ttft_p99"]) == (pytest.approx(0.02), pytest.approx(-0.1), pytest.approx(0.3))
     assert e["tiers"]["a"]["share_points"] == pytest.approx(-2.0) and e["refused"]["x"]["error"] == pytest.approx(0.1)
+    assert "ttft_p50_at" not in e  # no recorded TTFTs given: no ranks
+
+
+def test_calibration_says_where_the_replayed_ttfts_fall_among_the_recorded_ones() -> None:
+    """A recorded median in a gap: on tier a 40 streamed first tokens at 100-139 ms and 40 queued answers at
+    400-439 ms, on tier b one at 50 and one at 600 ms; the overall p50 lies between (269.5 ms): a replayed 150 ms is
+    44 % below it, yet at the recorded 49.4th percentile. On tier a alone, 100 ms is its least (0th)."""
+    tally = Tally()
+    for ms in [100.0 + i for i in range(40)] + [400.0 + i for i in range(40)]:
+        tally.ttft["a"].add(ms)
+        tally.overall_ttft.add(ms)
+    for ms in (50.0, 600.0):  # another tier's: overall only
+        tally.ttft["b"].add(ms)
+        tally.overall_ttft.add(ms)
+    recorded = tally.figures()
+    replayed = {**recorded, "ttft_p50_ms": 150.0, "ttft_p99_ms": 600.0,
+                "tiers": {"a": {**recorded["tiers"].get("a", {}), "ttft_p50_ms": 100.0, "ttft_p99_ms": None}}}
+    e = errors(recorded, replayed, tally.ttft_rank)
+    assert e["ttft_p50"] == pytest.approx(150 / 269.5 - 1, abs=1e-4)
+    assert e["ttft_p50_at"] == pytest.approx((40 + 11 / 261) / 81, abs=1e-4)  # between the 41st and 42nd TTFT
+    assert e["ttft_p99_at"] == 1.0
+    assert e["tiers"]["a"]["ttft_p50_at"] == 0.0 and e["tiers"]["a"]["ttft_p99_at"] is None
 
 
 def _wide_skewed_log() -> tuple[GatewayConfig, Any, dict[str, Samples]]:
