@@ -1,6 +1,6 @@
 """Where a request's CPU goes in the serving gateway, stage by stage (issue 37): microseconds per request.
 
-    .venv/bin/python bench/stage_cpu.py [--duration S] [--stream]
+    .venv/bin/python bench/stage_cpu.py [--duration S] [--stream] [--no-replay-fields]
     cd OLD_WORKTREE && PYTHONPATH=$PWD /work/main/.venv/bin/python /work/main/bench/stage_cpu.py   # an older tree
 
 req_per_core.py's stack (instant emulator, `gateway serve` pinned alone to the last CPU, its Redis, request log on)
@@ -31,6 +31,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=int, default=10)
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--no-replay-fields", action="store_true",
+                   help="the gateway's policy says log_replay_fields: false (not for a tree older than it)")
     args = p.parse_args()
     start = begin(no_pin=False)
     cpu = start.gw_cpu
@@ -42,7 +44,8 @@ def main() -> int:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
         if cpu is not None:
             os.sched_setaffinity(redis.process.pid, {cpu})
-        emulator, proxies = start_proxies(start.procs, tmp, (redis.url, redis.process.pid), cpu, False)
+        emulator, proxies = start_proxies(start.procs, tmp, (redis.url, redis.process.pid), cpu, False,
+                                          **({"replay_fields": False} if args.no_replay_fields else {}))
         gateway = next(proxy for proxy in proxies if proxy.name == "gateway")
         spec = LoadSpec(gateway.url, chat_body(gateway.model, args.stream, 16), gateway.headers, 32, args.duration)
         measure(start.procs, ensure_wrk(), LoadSpec(gateway.url, spec.body, spec.headers, 32, 2), tmp, "warmup",
