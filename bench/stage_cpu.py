@@ -45,7 +45,7 @@ def main() -> int:
         if cpu is not None:
             os.sched_setaffinity(redis.process.pid, {cpu})
         emulator, proxies = start_proxies(start.procs, tmp, (redis.url, redis.process.pid), cpu, False,
-                                          **({"replay_fields": False} if args.no_replay_fields else {}))
+                                          replay_fields=not args.no_replay_fields)
         gateway = next(proxy for proxy in proxies if proxy.name == "gateway")
         spec = LoadSpec(gateway.url, chat_body(gateway.model, args.stream, 16), gateway.headers, 32, args.duration)
         measure(start.procs, ensure_wrk(), LoadSpec(gateway.url, spec.body, spec.headers, 32, 2), tmp, "warmup",
