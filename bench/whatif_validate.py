@@ -45,6 +45,7 @@ import os
 import random
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ import yaml
 from gateway.bench.procs import Procs, emulator_argv, free_port, pinning, stop_on_sigterm, wait_gateway, wait_http
 from gateway.bench.report import ROOT, command_line, load_line
 from gateway.whatif.cli import run_whatif
+from gateway.whatif.decide import HITS
+from gateway.whatif.records import LogStats, read_logged
 
 API_KEY = "sk-whatif-validate"
 #        name, emulator profile, replicas, price in / out per M tokens
@@ -366,6 +369,9 @@ def analyse(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
                     "--baseline-routes", str(files["A"][0]), "--baseline-policies", str(files["A"][1]),
                     "--json", str(predicted), "--html", str(folder / f"predicted-{name}.html")])
         results[f"predicted-{name}"] = json.loads(predicted.read_text())
+    for name in files:
+        results[f"calibrate-{name}"]["calibration"]["recorded_p50_spread"] = recorded_p50_spread(
+            folder / f"requests-{name}.log", results[f"calibrate-{name}"]["meta"]["window"])
     compare = meta | {
         "own": _short(results["calibrate-A"]["calibration"]),
         "own_physics": results["calibrate-A"]["meta"]["physics"]["baseline"],
@@ -462,7 +468,25 @@ def changed(pred: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
             "max_share_points": max(abs(100 * (v["share"][0] - v["share"][1])) for v in tiers.values())}
 
 
-OWN_EACH = ("ttft_p50", "ttft_p99", "ttft_p50_at", "ttft_p99_at")  # each log against its own policy
+OWN_EACH = ("ttft_p50", "ttft_p99", "ttft_p50_at", "ttft_p99_at", "recorded_p50_spread")  # each log, its own policy
+BOOTSTRAP = 2000  # resamples of a window's recorded TTFTs
+
+
+def recorded_p50_spread(log: Path, window: dict[str, Any]) -> dict[str, float] | None:
+    """The recorded TTFT p50's own sampling error, before any model: the window's TTFTs (those `record_window`
+    takes: answered cache misses on a tier) resampled with replacement BOOTSTRAP times (seeded); the standard
+    deviation of the resamples' p50 relative to the recorded p50, and the share of resamples more than 10 % from
+    it. What another run of the same traffic could show; None without TTFTs."""
+    start, end = (datetime.fromisoformat(window[k]).timestamp() for k in ("from", "to"))
+    ttfts = np.array([rec.ttft_ms for rec in read_logged([log], LogStats())
+                      if start <= rec.arrival < end and rec.served and rec.ttft_ms is not None
+                      and rec.cache not in HITS and rec.tier is not None])
+    if not len(ttfts):
+        return None
+    p50 = float(np.median(ttfts))
+    draws = np.median(ttfts[np.random.default_rng(40).integers(0, len(ttfts), (BOOTSTRAP, len(ttfts)))], axis=1)
+    relative = draws / p50 - 1 if p50 else np.zeros(BOOTSTRAP)
+    return {"sd": round(float(relative.std()), 4), "beyond_10_percent": round(float(np.mean(abs(relative) > 0.1)), 4)}
 
 
 def _short(cal: dict[str, Any]) -> dict[str, Any]:
@@ -510,7 +534,9 @@ def markdown(c: dict[str, Any]) -> str:
         f"{name} {100 * (e['ttft_p50'] or 0):+.1f} %{_at(e.get('ttft_p50_at'))} / "
         f"{100 * (e['ttft_p99'] or 0):+.1f} %{_at(e.get('ttft_p99_at'))}"
         for name, e in c.get("own_each", {}).items()) + " (in brackets: the recorded TTFTs' percentile at the replayed "
-        "figure)."]
+        "figure).", "", "The recorded p50's own sampling error (its window's TTFTs bootstrapped, before any model): " + "; ".join(
+        f"{name} SD {100 * spread['sd']:.1f} %, {100 * spread['beyond_10_percent']:.0f} % of resamples more than 10 % off"
+        for name, e in c.get("own_each", {}).items() if (spread := e.get("recorded_p50_spread"))) + "."]
     scenarios = LOCAL_SCENARIOS if c.get("stack") == "local" else SCENARIOS
     for name, ch in c["changed"].items():
         lines += ["", f"Policy {name} ({scenarios[name][3]}) predicted from log A, against run {name}:", "",
