@@ -120,7 +120,7 @@ def _calibration(cal: Mapping[str, Any]) -> str:
                 f"<td>{_pct(cal['ttft_p50'])}{_at(cal.get('ttft_p50_at'))}</td>"
                 f"<td>{_pct(cal['ttft_p99'])}{_at(cal.get('ttft_p99_at'))}</td></tr>")
     return ("<table>" + "".join(rows) + "</table><p>Read each candidate figure with these errors around it. In "
-            "brackets: where the replayed figure falls among the recorded TTFTs (their percentile at it): a p50 "
+            "brackets, where the replayed figure falls among the recorded TTFTs (their percentile at it): a p50 "
             "replayed at the 48th percentile of a log whose median lies in a gap can be 10 % off in milliseconds."
             "</p>")
 
