@@ -26,6 +26,8 @@ from gateway.state import GATEWAY
 from gateway.testing import gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # no GC pass over earlier tests' heap mid-failover
+
 TENANTS = [f"t{i}" for i in range(9)]
 LIMIT = 6  # requests a minute, for the exactness check
 BODY = {"model": "t", "messages": [{"role": "user", "content": "What is a KV cache?"}], "max_tokens": 4,

@@ -28,6 +28,8 @@ from gateway.state import GATEWAY
 from gateway.testing import gateway_config, tier
 from tests.conftest import StartApp, StartEmulator
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # no GC pass over earlier tests' heap mid-failover
+
 TENANTS = [f"s{i}" for i in range(4)]
 PROMPTS = ["What is a KV cache?", "What is paged attention?", "What is speculative decoding?"]
 
